@@ -1,0 +1,164 @@
+"""``zaya <stage>``: thin entry points. Each composes the config and calls one library function.
+
+Two ways to get a config:
+
+* ``zaya train model.moe.num_experts=8`` composes ``conf/`` with Hydra overrides (``-m`` runs a sweep);
+* ``zaya train --params params.yaml`` reads an already composed file, as the DVC stages do, so that
+  ``dvc repro`` and ``dvc exp run -S ...`` run exactly what ``params.yaml`` says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zaya_pipeline.errors import ZayaError
+from zaya_pipeline.utils import get_logger, set_project_env, setup_logging
+
+
+@dataclass(frozen=True)
+class Stage:
+    target: str  # "module:function", called with a ZayaConfig, returns a summary dict
+    help: str
+
+
+STAGES: dict[str, Stage] = {
+    "prepare": Stage("zaya_pipeline.data.prepare:prepare", "fetch the raw corpus and write it as JSONL"),
+    "curate": Stage("zaya_pipeline.data.curate:curate", "datatrove curation: filters, dedup, drop report"),
+    "tokenizer": Stage("zaya_pipeline.data.tokenizer:train_tokenizer", "train (or copy) the BPE tokenizer"),
+    "tokenize": Stage("zaya_pipeline.data.tokenize:tokenize", "tokenize into train/val token shards"),
+    "train": Stage("zaya_pipeline.train.run:train", "train the MoE language model with Lightning"),
+    "evaluate": Stage("zaya_pipeline.eval.evaluate:evaluate", "held-out loss, perplexity, bits-per-byte"),
+    "register": Stage("zaya_pipeline.registry.register:register", "log and register the model in MLflow"),
+}
+PARAMS_HELP = "compose conf/ (+ overrides) into params.yaml, as `dvc exp run` does"
+
+log = get_logger("cli")
+
+
+def _call(stage: str, cfg: Any) -> dict:
+    module, func = STAGES[stage].target.split(":")
+    result = getattr(importlib.import_module(module), func)(cfg)
+    for key, value in (result or {}).items():
+        log.info("%s: %s = %s", stage, key, value)
+    return result or {}
+
+
+def _usage() -> str:
+    lines = ["usage: zaya <stage> [--params FILE] [-m] [key=value ...]", "", "stages:"]
+    lines += [f"  {name:<10} {stage.help}" for name, stage in STAGES.items()]
+    lines += [f"  {'params':<10} {PARAMS_HELP} (--out FILE, default params.yaml)"]
+    lines += [
+        "",
+        "Without --params the config is composed from conf/ (Hydra): pick group members with group=member",
+        "(e.g. model=debug, experiment=debug) and set values with key=value; -m sweeps comma lists.",
+        "With --params FILE (as in dvc.yaml) FILE is the composed config and key=value overrides it.",
+        "`zaya <stage> --help` shows the stage's config groups; `zaya <stage> --cfg job` prints the config.",
+    ]
+    return "\n".join(lines)
+
+
+def _stage_help(stage: str) -> str:
+    from zaya_pipeline.config import GROUPS, config_dir
+
+    conf = config_dir()
+    lines = [f"usage: zaya {stage} [--params FILE] [-m] [group=member ...] [key=value ...]", "", STAGES[stage].help]
+    lines += ["", f"config groups (from {conf}):"]
+    for group in GROUPS:
+        members = sorted(p.stem for p in (conf / group).glob("*.yaml")) if (conf / group).is_dir() else []
+        lines.append(f"  {group:<10} {', '.join(members)}")
+    lines += [
+        "",
+        "options:",
+        "  --params FILE   read the composed config from FILE (e.g. params.yaml) instead of conf/",
+        "  -m, --multirun  run a Hydra sweep over comma-separated values (e.g. train.optim.lr=1e-3,3e-3)",
+        "  --cfg job       print the composed config and exit (Hydra)",
+        "  -h, --help      show this help",
+    ]
+    return "\n".join(lines)
+
+
+def _run_params_file(stage: str, params: str, overrides: list[str]) -> None:
+    from zaya_pipeline.config import load_params
+
+    _call(stage, load_params(params, overrides))
+
+
+def _run_hydra(stage: str, argv: list[str]) -> None:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from zaya_pipeline.config import config_dir, to_schema
+
+    conf = config_dir()
+
+    @hydra.main(config_path=str(conf), config_name="config", version_base="1.3")
+    def app(raw: Any) -> None:
+        try:
+            cfg = to_schema(raw, origin=f"{conf}/config.yaml")
+            hc = HydraConfig.get()
+            if hc.mode == RunMode.MULTIRUN:
+                # Each sweep job writes its own train outputs and reports under the sweep folder.
+                out = Path(hc.runtime.output_dir)
+                cfg.paths.train = str(out / "train")
+                cfg.paths.reports = str(out / "reports")
+            _call(stage, cfg)
+        except ZayaError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+
+    sys.argv = [f"zaya {stage}", *argv]
+    app()
+
+
+def _params_command(argv: list[str]) -> None:
+    from zaya_pipeline.params import write_params
+
+    parser = argparse.ArgumentParser(prog="zaya params", description=PARAMS_HELP)
+    parser.add_argument("--out", default="params.yaml", help="file to write (default: params.yaml)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. experiment=debug")
+    args = parser.parse_args(argv)
+    try:
+        log.info("wrote %s", write_params(args.out, args.overrides))
+    except ZayaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    set_project_env()
+    setup_logging()
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        sys.exit(0 if argv else 2)
+    stage, rest = argv[0], argv[1:]
+    if stage == "params":
+        _params_command(rest)
+        return
+    if stage not in STAGES:
+        print(f"error: unknown stage '{stage}'\n\n{_usage()}", file=sys.stderr)
+        sys.exit(2)
+    if any(a in ("-h", "--help") for a in rest):
+        print(_stage_help(stage))
+        sys.exit(0)
+    parser = argparse.ArgumentParser(prog=f"zaya {stage}", add_help=False)
+    parser.add_argument("--params")
+    known, overrides = parser.parse_known_args(rest)
+    try:
+        if known.params:
+            _run_params_file(stage, known.params, overrides)
+        else:
+            _run_hydra(stage, overrides)
+    except ZayaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""Typed configuration schema: one dataclass per Hydra group.
+
+YAML under ``conf/`` only fills these dataclasses; ``load_config`` merges the composed YAML into the schema so
+an unknown key or a value of the wrong type fails early with the dotted key in the message. Units are given
+where a field is declared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zaya_pipeline.errors import ConfigError
+
+GROUPS = ("paths", "data", "tokenizer", "model", "train", "parallel", "eval", "registry", "experiment")
+
+
+@dataclass
+class PathsConfig:
+    """Where each stage writes, relative to the working directory (the repo root under DVC)."""
+
+    raw: str = "data/raw"  # prepare: raw corpus as JSONL.gz + manifest.json
+    curated: str = "data/curated"  # curate: kept documents (JSONL.gz)
+    removed: str = "data/removed"  # curate: every dropped document, one folder per drop reason
+    tokenizer: str = "artifacts/tokenizer"  # tokenizer: tokenizer.json + meta.json
+    tokens: str = "data/tokens"  # tokenize: train/ and val/ token shards
+    train: str = "artifacts/train"  # train: model.pt, run.json, Lightning checkpoint
+    reports: str = "reports"  # metrics and plots files read by DVC
+    logs: str = "logs"  # datatrove logs and completion markers (not tracked)
+
+
+@dataclass
+class CorpusConfig:
+    """prepare stage: where the raw text comes from."""
+
+    source: str = "debian"  # "debian": Debian documentation packages; "folder": a folder of the user's own
+    debian_packages: list[str] = field(default_factory=lambda: ["sqlite3-doc", "postgresql-doc-15"])
+    input_dir: str = ""  # source=folder: folder of *.jsonl, *.jsonl.gz, *.parquet (searched recursively)
+    text_key: str = "text"  # source=folder: field holding the document text
+    id_key: str = "id"  # source=folder: field holding the document id ("" = file name + line number)
+    max_docs_per_source: int = 0  # cap per package / input file, for fast runs; 0 = no cap
+    min_chars: int = 200  # pages with less extracted text than this (characters) are not documents
+    cache_dir: str = ""  # where .deb files are kept; "" = $XDG_CACHE_HOME/zaya_pipeline/debs
+
+
+@dataclass
+class CurateConfig:
+    """curate stage: the datatrove pipeline."""
+
+    tasks: int = 2  # datatrove tasks (input shards); each writes its own output file
+    workers: int = 2  # local processes running those tasks
+    gopher_repetition: bool = True
+    gopher_quality: bool = True
+    gopher_min_doc_words: int = 50
+    gopher_max_doc_words: int = 100_000
+    c4_quality: bool = True
+    c4_filter_curly_bracket: bool = False  # C4 drops any page with "{"; documentation quotes code
+    exact_dedup: bool = True  # drop documents whose normalized text was already seen
+    minhash: bool = True  # near-duplicate removal with MinHash LSH
+    minhash_ngram: int = 5  # word n-gram size of the shingles
+    minhash_buckets: int = 14
+    minhash_hashes_per_bucket: int = 8
+
+
+@dataclass
+class TokenizeConfig:
+    """tokenize stage: token shards and the train/validation split."""
+
+    val_fraction: float = 0.05  # share of documents (by id hash) held out for validation
+    split_seed: int = 0  # salt of the id hash that decides the split
+    shuffle: bool = True  # shuffle documents inside each shard (datatrove DocumentTokenizer)
+    max_tokens_per_file: int = 50_000_000
+    tasks: int = 1
+
+
+@dataclass
+class DataConfig:
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    curate: CurateConfig = field(default_factory=CurateConfig)
+    tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
+
+
+@dataclass
+class TokenizerConfig:
+    """tokenizer stage: byte-level BPE trained on the curated text, or a user file."""
+
+    path: str = ""  # a user tokenizer.json to use instead of training one ("" = train)
+    vocab_size: int = 4096  # BPE target size before padding (tokens)
+    min_frequency: int = 2
+    pad_to_multiple: int = 64  # the final vocabulary is padded with unused tokens to a multiple of this
+    max_train_docs: int = 0  # train on the first N curated documents; 0 = all
+    eos_token: str = "<|endoftext|>"  # appended to every document; also used as BOS
+    pad_token: str = "<|pad|>"
+
+
+@dataclass
+class RouterConfig:
+    type: str = "linear"  # "linear": softmax over a linear projection (ZAYA1 router: the model issue)
+    aux_loss_coef: float = 0.01  # Switch-style load-balancing loss weight
+    z_loss_coef: float = 0.001  # router z-loss weight (keeps logits small)
+
+
+@dataclass
+class MoEConfig:
+    num_experts: int = 8
+    top_k: int = 2
+    expert_hidden: int = 256  # SwiGLU intermediate width per expert (F)
+    expert_backend: str = "loop"  # "loop" (torch reference); kernels plug in here later
+    router: RouterConfig = field(default_factory=RouterConfig)
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    vocab_size: int = 0  # 0 = take the (padded) tokenizer vocabulary at train time
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    max_seq_len: int = 256  # RoPE table length (tokens)
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    tie_embeddings: bool = True
+    moe: MoEConfig = field(default_factory=MoEConfig)
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    lr: float = 3e-3  # peak learning rate
+    min_lr_ratio: float = 0.1  # final LR as a fraction of the peak (cosine)
+    warmup_steps: int = 30
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # max global grad norm; 0 = off
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 1234
+    max_steps: int = 400  # optimizer steps
+    micro_batch: int = 16  # sequences per step
+    seq_len: int = 128  # tokens per sequence
+    val_every: int = 100  # steps between validation passes
+    val_batches: int = 8  # batches per validation pass
+    log_every: int = 10  # steps between logged train metrics
+    precision: str = "32-true"  # Lightning precision ("32-true", "bf16-mixed", ...)
+    num_threads: int = 0  # torch CPU threads; 0 = leave torch's default
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+@dataclass
+class ParallelConfig:
+    name: str = "single"
+    accelerator: str = "cpu"  # Lightning accelerator: "cpu", "gpu" (CUDA or ROCm), "auto"
+    devices: int = 1
+    strategy: str = "auto"  # Lightning strategy name
+
+
+@dataclass
+class EvalConfig:
+    batch_size: int = 16  # sequences per forward pass
+    seq_len: int = 0  # 0 = the training seq_len
+    max_batches: int = 0  # 0 = the whole validation split
+
+
+@dataclass
+class RegistryConfig:
+    tracking_uri: str = ""  # "" = $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db
+    experiment_name: str = "zaya_pipeline"
+    model_name: str = "zaya-moe"  # registered model name
+    run_name: str = ""  # "" = generated by MLflow
+
+
+@dataclass
+class ZayaConfig:
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
+
+
+def register_configs() -> None:
+    """Register the schema in Hydra's ConfigStore (as ``zaya_schema``) for tools that want it."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="zaya_schema", node=ZayaConfig)
+
+
+def to_schema(raw: Any, origin: str) -> ZayaConfig:
+    """Validate a composed config (DictConfig or dict) against the schema; ``origin`` names its source."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    schema = OmegaConf.structured(ZayaConfig)
+    try:
+        merged = OmegaConf.merge(schema, raw)
+        OmegaConf.resolve(merged)
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or ""
+        msg = (getattr(exc, "msg", None) or str(exc)).strip().splitlines()[0]
+        where = f" at key '{key}'" if key else ""
+        raise ConfigError(f"invalid configuration in {origin}{where}: {msg}") from None
+
+
+def config_dir() -> Path:
+    """The Hydra config directory: $ZAYA_CONF_DIR, else ./conf, else the repo's conf/ beside src/."""
+    import os
+
+    env = os.environ.get("ZAYA_CONF_DIR")
+    if env:
+        return Path(env).resolve()
+    if (Path.cwd() / "conf" / "config.yaml").is_file():
+        return (Path.cwd() / "conf").resolve()
+    return (Path(__file__).resolve().parents[2] / "conf").resolve()
+
+
+def compose(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path | None = None) -> Any:
+    """Compose ``conf/config.yaml`` with Hydra overrides, as ``dvc exp run`` does (returns a DictConfig)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    conf_dir = conf_dir or config_dir()
+    if not (conf_dir / "config.yaml").is_file():
+        raise ConfigError(f"no config.yaml in config directory {conf_dir} (set ZAYA_CONF_DIR or run in the repo)")
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            return hydra_compose(config_name="config", overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(f"cannot compose config from {conf_dir}: {str(exc).strip()}") from None
+
+
+def load_params(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ZayaConfig:
+    """Load a composed params file (``params.yaml``) plus ``key=value`` overrides into the schema."""
+    from omegaconf import OmegaConf
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"params file {path} does not exist")
+    raw = OmegaConf.load(path)
+    bad = [o for o in overrides if "=" not in o or o.startswith(("+", "~"))]
+    if bad:
+        raise ConfigError(f"overrides on a params file must be key=value, got {bad}")
+    if overrides:
+        raw = OmegaConf.merge(raw, OmegaConf.from_dotlist(list(overrides)))
+    return to_schema(raw, origin=str(path))
+
+
+def load_config(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path | None = None) -> ZayaConfig:
+    """Compose from ``conf/`` and validate: the one way library code gets a ``ZayaConfig`` from Hydra."""
+    return to_schema(compose(overrides, conf_dir), origin=f"{conf_dir or config_dir()}/config.yaml")
+
+
+def as_dict(cfg: ZayaConfig | Any) -> dict:
+    """A plain nested dict of a config dataclass (for JSON, MLflow params)."""
+    from dataclasses import asdict, is_dataclass
+
+    return asdict(cfg) if is_dataclass(cfg) else dict(cfg)

@@ -1,0 +1,1 @@
+"""Data stages: corpus preparation, datatrove curation, tokenizer training, token shards and loader."""

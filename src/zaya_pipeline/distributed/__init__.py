@@ -1,0 +1,1 @@
+"""Device mesh and parallelize_zaya (expert parallel, activation checkpointing, compile, FSDP2)."""

@@ -1,0 +1,1 @@
+"""Evaluation: held-out loss, perplexity and bits-per-byte."""

@@ -1,0 +1,1 @@
+"""Triton kernels only (@triton.jit); never imported by CPU-only code paths."""

@@ -1,0 +1,1 @@
+"""Single-device MoE language model: attention, router, experts, transformer, parameter counts."""

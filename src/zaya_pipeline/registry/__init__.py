@@ -1,0 +1,1 @@
+"""MLflow: tracking setup, model logging and registration."""

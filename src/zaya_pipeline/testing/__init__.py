@@ -1,0 +1,1 @@
+"""Helpers for tests: tiny fixtures and markers."""

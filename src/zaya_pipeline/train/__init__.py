@@ -1,0 +1,1 @@
+"""Training: LightningModule, data module, callbacks, optimizer and schedule."""

@@ -1,0 +1,87 @@
+"""Small shared helpers: atomic outputs, JSON files, the project environment, logging."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+# Offline-safe defaults for every process of the project (see ../shared/FACTS.md): no hub retries, no telemetry.
+PROJECT_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "1",
+    "DO_NOT_TRACK": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def set_project_env() -> None:
+    for key, value in PROJECT_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def get_logger(name: str) -> logging.Logger:
+    return logging.getLogger(f"zaya.{name}")
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """Plain timestamped lines on stderr: readable on a terminal and in CI logs alike."""
+    root = logging.getLogger("zaya")
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
+        root.addHandler(handler)
+    root.setLevel(level)
+    root.propagate = False
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Build a directory under a temporary name and move it into place only when the block succeeds.
+
+    A crash or an error leaves the previous complete output (or nothing) at ``path``, never a half-written one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if path.exists():
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    tmp.rename(path)
+
+
+def write_json(path: str | Path, data: Any) -> Path:
+    """Write JSON atomically (temp file + rename), sorted keys, for DVC metrics and manifests."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_json(path: str | Path) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+def remove_outputs(*paths: str | Path) -> None:
+    """Delete stale outputs of a stage before it runs, so a failed run never leaves old ones looking current."""
+    for p in map(Path, paths):
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
