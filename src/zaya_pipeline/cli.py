@@ -34,6 +34,7 @@ STAGES: dict[str, Stage] = {
     "train": Stage("zaya_pipeline.train.run:train", "train the MoE language model with Lightning"),
     "evaluate": Stage("zaya_pipeline.eval.evaluate:evaluate", "held-out loss, perplexity, bits-per-byte"),
     "register": Stage("zaya_pipeline.registry.register:register", "log and register the model in MLflow"),
+    "summary": Stage("zaya_pipeline.summary:summary", "print where the metrics, plots and model are"),
 }
 PARAMS_HELP = "compose conf/ (+ overrides) into params.yaml, as `dvc exp run` does"
 
