@@ -11,8 +11,13 @@ from zaya_pipeline.cli import STAGES
 
 
 def zaya(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "zaya_pipeline.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "zaya_pipeline.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
 
 
 def test_top_level_help_lists_every_stage():

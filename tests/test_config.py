@@ -77,7 +77,12 @@ def _entries(stage, key):
 
 def test_dvc_stage_outputs_are_the_default_paths(repo_root):
     paths = ZayaConfig().paths
-    outs = {o for s in _dvc_stages(repo_root).values() for k in ("outs", "metrics", "plots") for o in _entries(s, k)}
+    outs = {
+        o
+        for s in _dvc_stages(repo_root).values()
+        for k in ("outs", "metrics", "plots")
+        for o in _entries(s, k)
+    }
     for path in (paths.raw, paths.curated, paths.removed, paths.tokenizer, paths.tokens, paths.train):
         assert path in outs, f"{path} (conf/paths/default.yaml) is not a dvc.yaml output"
     assert all(o.startswith(tuple(dataclasses.asdict(paths).values())) for o in outs)
@@ -93,6 +98,8 @@ def test_dvc_stage_params_and_deps_exist(repo_root):
                 assert part in node, f"stage {name}: param {key} is not in the schema"
                 node = node[part]
         for dep in stage.get("deps", []):
-            produced = any(dep in set(_entries(s, "outs")) | set(_entries(s, "metrics")) for s in
-                           _dvc_stages(repo_root).values())
+            produced = any(
+                dep in set(_entries(s, "outs")) | set(_entries(s, "metrics"))
+                for s in _dvc_stages(repo_root).values()
+            )
             assert produced or (repo_root / dep).exists(), f"stage {name}: dep {dep} does not exist"

@@ -24,7 +24,9 @@ def run(cmd: list[str], cwd: Path, timeout: int = 900) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING")}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+    assert out.returncode == 0, (
+        f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+    )
     return out.stdout + out.stderr
 
 
@@ -37,8 +39,9 @@ def workspace(tmp_path_factory) -> Path:
     """A fresh git repo holding exactly the project's committed-or-committable files."""
     repo = Path(__file__).resolve().parents[1]
     dst = tmp_path_factory.mktemp("e2e") / "repo"
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=repo, capture_output=True,
-                           text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.split()
     for rel in files:
         if (repo / rel).is_file():
             (dst / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -84,7 +87,9 @@ def test_changing_one_param_reruns_only_downstream(workspace):
 def test_dvc_exp_run_composes_hydra_overrides(workspace):
     run(["git", "add", "-A"], workspace)
     run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "lock"], workspace)
-    run([str(BIN / "dvc"), "exp", "run", "-S", "experiment=debug", "-S", "model.moe.num_experts=8"], workspace)
+    run(
+        [str(BIN / "dvc"), "exp", "run", "-S", "experiment=debug", "-S", "model.moe.num_experts=8"], workspace
+    )
     assert "num_experts: 8" in (workspace / "params.yaml").read_text()
     import torch
 

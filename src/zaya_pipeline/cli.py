@@ -67,7 +67,11 @@ def _stage_help(stage: str) -> str:
     from zaya_pipeline.config import GROUPS, config_dir
 
     conf = config_dir()
-    lines = [f"usage: zaya {stage} [--params FILE] [-m] [group=member ...] [key=value ...]", "", STAGES[stage].help]
+    lines = [
+        f"usage: zaya {stage} [--params FILE] [-m] [group=member ...] [key=value ...]",
+        "",
+        STAGES[stage].help,
+    ]
     lines += ["", f"config groups (from {conf}):"]
     for group in GROUPS:
         members = sorted(p.stem for p in (conf / group).glob("*.yaml")) if (conf / group).is_dir() else []

@@ -232,7 +232,9 @@ def compose(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path | None =
 
     conf_dir = conf_dir or config_dir()
     if not (conf_dir / "config.yaml").is_file():
-        raise ConfigError(f"no config.yaml in config directory {conf_dir} (set ZAYA_CONF_DIR or run in the repo)")
+        raise ConfigError(
+            f"no config.yaml in config directory {conf_dir} (set ZAYA_CONF_DIR or run in the repo)"
+        )
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             return hydra_compose(config_name="config", overrides=list(overrides))

@@ -19,14 +19,18 @@ def summary(cfg: ZayaConfig) -> dict:
     uri = registry.get("tracking_uri") or tracking_uri(cfg.registry)
     lines = ["", "zaya_pipeline results", "====================="]
     if metrics:
+        nan = float("nan")
+        loss, ppl = metrics.get("val_loss", nan), metrics.get("perplexity", nan)
+        bpb, unigram = metrics.get("bits_per_byte", nan), metrics.get("unigram_val_nats_per_token", nan)
         lines.append(
-            f"held-out: loss {metrics.get('val_loss', float('nan')):.4f} nats/token, perplexity "
-            f"{metrics.get('perplexity', float('nan')):.2f}, {metrics.get('bits_per_byte', float('nan')):.4f} "
-            f"bits/byte (unigram baseline {metrics.get('unigram_val_nats_per_token', float('nan')):.4f} nats/token)"
+            f"held-out: loss {loss:.4f} nats/token, perplexity {ppl:.2f}, {bpb:.4f} bits/byte "
+            f"(unigram baseline {unigram:.4f} nats/token)"
         )
     if train:
-        lines.append(f"training: {train.get('steps')} steps, {train.get('tokens_seen')} tokens, "
-                     f"{train.get('wall_seconds', 0):.0f} s")
+        lines.append(
+            f"training: {train.get('steps')} steps, {train.get('tokens_seen')} tokens, "
+            f"{train.get('wall_seconds', 0):.0f} s"
+        )
     lines += [
         f"metrics:  {reports}/*.json          (dvc metrics show)",
         f"plots:    {reports}/plots/*.csv     (dvc plots show → dvc_plots/index.html)",

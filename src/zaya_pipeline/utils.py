@@ -12,19 +12,26 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-# Offline-safe defaults for every process of the project (see ../shared/FACTS.md): no hub retries, no telemetry.
+# Offline-safe defaults for every process of the project (../shared/FACTS.md): no hub retries, no telemetry.
 PROJECT_ENV = {
     "HF_HUB_OFFLINE": "1",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DVC_NO_ANALYTICS": "1",
     "DO_NOT_TRACK": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
 }
 
 
 def set_project_env() -> None:
     for key, value in PROJECT_ENV.items():
         os.environ.setdefault(key, value)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def get_logger(name: str) -> logging.Logger:
@@ -46,11 +53,12 @@ def setup_logging(level: int = logging.INFO) -> None:
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Build a directory under a temporary name and move it into place only when the block succeeds.
 
-    A crash or an error leaves the previous complete output (or nothing) at ``path``, never a half-written one.
+    A crash or an error leaves the previous complete output (or nothing) at ``path``, never a partial one.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    tmp.chmod(0o777 & ~_umask())  # mkdtemp makes 0700; the output should get the usual permissions
     try:
         yield tmp
     except BaseException:
@@ -69,6 +77,7 @@ def write_json(path: str | Path, data: Any) -> Path:
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=2, sort_keys=True)
         f.write("\n")
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600
     os.replace(tmp, path)
     return path
 
@@ -79,7 +88,7 @@ def read_json(path: str | Path) -> Any:
 
 
 def remove_outputs(*paths: str | Path) -> None:
-    """Delete stale outputs of a stage before it runs, so a failed run never leaves old ones looking current."""
+    """Delete a stage's stale outputs before it runs: a failed run must not leave old ones looking current."""
     for p in map(Path, paths):
         if p.is_dir():
             shutil.rmtree(p)

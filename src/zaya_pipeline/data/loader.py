@@ -3,8 +3,9 @@
 Layout written by the tokenize stage (datatrove ``DocumentTokenizer``)::
 
     <tokens>/meta.json                 token_dtype, vocab_size, eos_id, per-split counts
-    <tokens>/<split>/*.ds              raw little-endian token ids (uint16, or uint32 for vocab > 65,535)
-    <tokens>/<split>/*.ds.index        uint64 end offset of every document inside the .ds file
+    <tokens>/<split>/*.ds              raw little-endian token ids (uint16 while vocab <= 65,536, else uint32)
+    <tokens>/<split>/*.ds.index        little-endian uint64 end (in tokens) of every document in the .ds file
+    <tokens>/<split>/*.ds.metadata     datatrove's note: "tokenizer path|token bytes", token count
 
 Every document ends with EOS, so concatenating the shards and cutting fixed windows packs documents with
 their boundaries marked.
@@ -19,7 +20,8 @@ import numpy as np
 from zaya_pipeline.errors import DataError
 from zaya_pipeline.utils import read_json
 
-DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+# Explicit little-endian: datatrove packs ids with struct "<H" / "<I" whatever the host's byte order.
+DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 
 
 def read_token_meta(tokens_dir: str | Path) -> dict:
@@ -31,15 +33,21 @@ def read_token_meta(tokens_dir: str | Path) -> dict:
 
 def load_split(tokens_dir: str | Path, split: str) -> np.ndarray:
     """All tokens of one split, shards concatenated in name order (memory-mapped when there is one shard)."""
-    meta = read_token_meta(tokens_dir)
-    dtype = DTYPES[meta["token_dtype"]]
-    files = sorted((Path(tokens_dir) / split).glob("*.ds"))
+    return read_shards(Path(tokens_dir) / split, read_token_meta(tokens_dir)["token_dtype"])
+
+
+def read_shards(split_dir: str | Path, token_dtype: str) -> np.ndarray:
+    """The ``*.ds`` files of one split folder as one token array (``token_dtype``: "uint16" or "uint32")."""
+    if token_dtype not in DTYPES:
+        raise DataError(f"token_dtype {token_dtype!r} in meta.json is not one of {sorted(DTYPES)}")
+    dtype = DTYPES[token_dtype]
+    files = [f for f in sorted(Path(split_dir).glob("*.ds")) if f.stat().st_size]  # mmap refuses empty files
     if not files:
-        raise DataError(f"no token shards (*.ds) in {Path(tokens_dir) / split}")
+        raise DataError(f"no token shards (*.ds) in {split_dir}")
     arrays = []
     for f in files:
-        if f.stat().st_size % np.dtype(dtype).itemsize:
-            raise DataError(f"{f}: size is not a whole number of {meta['token_dtype']} tokens (truncated shard?)")
+        if f.stat().st_size % dtype.itemsize:
+            raise DataError(f"{f}: size is not a whole number of {token_dtype} tokens (truncated shard?)")
         arrays.append(np.memmap(f, dtype=dtype, mode="r"))
     return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 

@@ -20,7 +20,9 @@ def curated_files(folder: str | Path) -> list[Path]:
     """The curated shards in sorted name order; a missing or empty folder is a user error."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise DataError(f"curated corpus folder {folder} (paths.curated) does not exist: run `zaya curate` first")
+        raise DataError(
+            f"curated corpus folder {folder} (paths.curated) does not exist: run `zaya curate` first"
+        )
     files = sorted(folder.glob(CURATED_GLOB))
     if not files:
         raise DataError(f"no {CURATED_GLOB} files in {folder} (paths.curated): run `zaya curate` first")

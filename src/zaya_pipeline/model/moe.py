@@ -29,7 +29,7 @@ class MoE(nn.Module):
     def __init__(self, d_model: int, cfg: MoEConfig):
         super().__init__()
         if not 1 <= cfg.top_k <= cfg.num_experts:
-            raise ConfigError(f"model.moe.top_k must be in [1, num_experts={cfg.num_experts}], got {cfg.top_k}")
+            raise ConfigError(f"model.moe.top_k must be in [1, model.moe.num_experts], got {cfg.top_k}")
         resolve_backend(cfg.expert_backend)  # fail at build time, not at the first forward
         self.backend = cfg.expert_backend
         self.aux_loss_coef = cfg.router.aux_loss_coef

@@ -38,15 +38,17 @@ def _expert_mlp_loop(
     weights_S = topk_weights_TK.reshape(-1)[order_S].to(x_TD.dtype)
     x_SD = x_TD[token_S]
     num_tokens_per_expert_E = torch.bincount(ids_S, minlength=num_experts)
+    # unbind / split instead of indexing: the backward of w[e] or x[a:b] writes into a zero tensor of the full
+    # size, once per expert; split and unbind backpropagate with a single concatenation.
+    w_gate_up_DF2 = w_gate_up_EDF2.unbind(0)
+    w_down_FD = w_down_EFD.unbind(0)
+    counts = num_tokens_per_expert_E.tolist()
     ys = []
-    start = 0
-    for e, count in enumerate(num_tokens_per_expert_E.tolist()):
-        if count == 0:
+    for e, x_ND in enumerate(torch.split(x_SD, counts)):
+        if counts[e] == 0:
             continue
-        h_NF2 = x_SD[start : start + count] @ w_gate_up_EDF2[e]
-        act_NF = F.silu(h_NF2[:, :hidden]) * h_NF2[:, hidden:]
-        ys.append(act_NF @ w_down_EFD[e])
-        start += count
+        gate_NF, up_NF = (x_ND @ w_gate_up_DF2[e]).split(hidden, dim=-1)
+        ys.append((F.silu(gate_NF) * up_NF) @ w_down_FD[e])
     if not ys:  # no tokens at all (T == 0)
         return torch.zeros_like(x_TD)
     y_SD = torch.cat(ys) * weights_S[:, None]
@@ -56,7 +58,9 @@ def _expert_mlp_loop(
 def resolve_backend(backend: str) -> Callable[..., torch.Tensor]:
     """The implementation behind a backend name; unknown names are a config error."""
     if backend not in BACKENDS:
-        raise ConfigError(f"model.moe.expert_backend: unknown backend {backend!r}; choose one of {list(BACKENDS)}")
+        raise ConfigError(
+            f"model.moe.expert_backend: unknown backend {backend!r}; choose from {list(BACKENDS)}"
+        )
     return _expert_mlp_loop  # "auto" = the only backend so far
 
 

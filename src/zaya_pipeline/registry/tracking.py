@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import socket
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import getproxies, proxy_bypass
 
 from zaya_pipeline.config import RegistryConfig
+from zaya_pipeline.errors import DataError, ZayaError
+from zaya_pipeline.utils import read_json
 
 DEFAULT_DB = "mlflow.db"  # under the working directory (the repo root under DVC); ignored by git
 DEFAULT_ARTIFACTS = "mlartifacts"
@@ -40,3 +48,85 @@ def setup_mlflow(cfg: RegistryConfig) -> str:
     exp_id = mlflow.create_experiment(cfg.experiment_name, artifact_location=location)
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
+
+
+class TrackingError(ZayaError):
+    """The MLflow store cannot be reached or opened, or does not hold the run it should."""
+
+
+def read_run_info(train_dir: str | Path) -> dict:
+    """``<train>/run.json`` as written by the train stage: ``{run_id, experiment_id, tracking_uri}``."""
+    path = Path(train_dir) / "run.json"
+    if not path.is_file():
+        raise DataError(f"{path} is missing: run the train stage first (zaya train)")
+    try:
+        info = read_json(path)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: not valid JSON ({exc})") from None
+    missing = [k for k in ("run_id", "tracking_uri") if not info.get(k)]
+    if missing:
+        raise DataError(f"{path}: missing {', '.join(missing)}")
+    return info
+
+
+def check_store(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, naming ``uri``, on a store that is certainly not there: a refused or silent HTTP server
+    (before MLflow's minutes of retries) or an SQLite file that does not exist (MLflow would create an empty
+    one, which cannot hold the run we look for)."""
+    parsed = urlparse(uri)
+    # Behind a proxy a direct connection says nothing: leave the verdict to MLflow's own request.
+    proxied = parsed.scheme in getproxies() and not proxy_bypass(parsed.hostname or "")
+    if parsed.scheme in ("http", "https") and not proxied:
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        try:
+            socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
+        except OSError as exc:
+            raise TrackingError(f"cannot reach the MLflow tracking server {uri}: {exc}") from None
+    elif parsed.scheme == "sqlite":
+        db = uri.removeprefix("sqlite:///")
+        if db not in ("", ":memory:") and not Path(db).is_file():
+            raise TrackingError(f"MLflow tracking store {uri}: database file {db} does not exist")
+
+
+def get_run(uri: str, run_id: str):
+    """A client on ``uri`` and the run ``run_id`` in it; ``TrackingError`` naming the URI if either fails."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    check_store(uri)
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        return client, client.get_run(run_id)
+    except MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            raise TrackingError(f"run {run_id} is not in the MLflow store {uri}: re-run zaya train") from None
+        raise TrackingError(f"cannot open the MLflow tracking store {uri}: {_first_line(exc)}") from None
+    except Exception as exc:  # requests / SQLAlchemy errors surface unwrapped from some stores
+        raise TrackingError(f"cannot open the MLflow tracking store {uri}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def using_tracking_uri(uri: str) -> Iterator[None]:
+    """Point MLflow's fluent API (``start_run``, ``log_model``) at ``uri`` for the block only.
+
+    ``mlflow.set_tracking_uri`` also sets ``$MLFLOW_TRACKING_URI`` for child processes; both are put back.
+    """
+    import mlflow
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    saved_uri = tracking_utils._tracking_uri  # None = "not set", which no public getter tells apart
+    saved_env = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(saved_uri)
+        if saved_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = saved_env

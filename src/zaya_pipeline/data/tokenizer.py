@@ -1,0 +1,193 @@
+"""The tokenizer stage: a byte-level BPE trained on the curated corpus, or a user's ``tokenizer.json``.
+
+Outputs (``paths.tokenizer``, written atomically)::
+
+    tokenizer.json   HF ``tokenizers`` file; its size is a multiple of ``tokenizer.pad_to_multiple``
+    meta.json        vocab_size, eos_id, pad_id, eos_token, pad_token, source, trained_on_docs, ...
+
+and the DVC metrics file ``paths.reports/tokenizer.json``. The model's embedding takes exactly ``vocab_size``
+rows, so the vocabulary is padded with never-produced special tokens (``<|unused_N|>``) to a size that tiles
+well on accelerators.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from zaya_pipeline.config import TokenizerConfig, ZayaConfig
+from zaya_pipeline.data.text_io import iter_documents
+from zaya_pipeline.errors import ConfigError, DataError
+from zaya_pipeline.utils import atomic_dir, get_logger, read_json, remove_outputs, set_project_env, write_json
+
+log = get_logger("tokenizer")
+
+UNUSED_TOKEN = "<|unused_{}|>"
+COMPRESSION_SAMPLE_DOCS = 256  # documents encoded to measure characters per token
+BYTE_ALPHABET = 256
+
+
+def train_tokenizer(cfg: ZayaConfig) -> dict:
+    """Train (or validate and copy) the tokenizer; write tokenizer.json, meta.json and the metrics file."""
+    set_project_env()
+    tcfg = cfg.tokenizer
+    _check_config(tcfg)
+    out_dir, report = Path(cfg.paths.tokenizer), Path(cfg.paths.reports) / "tokenizer.json"
+    remove_outputs(out_dir, report)
+    start = time.perf_counter()
+    if tcfg.path:
+        tok = load_user_tokenizer(tcfg)
+        docs = chars = 0
+        source = tcfg.path
+    else:
+        counter = _Counter(iter_documents(cfg.paths.curated, limit=tcfg.max_train_docs))
+        tok = train_bpe(counter, tcfg)
+        docs, chars, source = counter.docs, counter.chars, "trained"
+        if not docs:
+            raise DataError(f"the curated corpus {cfg.paths.curated} (paths.curated) holds no documents")
+        log.info("trained BPE on %d documents (%d chars): %d tokens", docs, chars, tok.get_vocab_size())
+    base_size = tok.get_vocab_size()
+    pad_vocab(tok, tcfg.pad_to_multiple)
+    meta = {
+        "vocab_size": tok.get_vocab_size(),
+        "base_vocab_size": base_size,
+        "eos_id": tok.token_to_id(tcfg.eos_token),
+        "pad_id": tok.token_to_id(tcfg.pad_token),
+        "eos_token": tcfg.eos_token,
+        "pad_token": tcfg.pad_token,
+        "source": source,
+        "trained_on_docs": docs,
+        "trained_on_chars": chars,
+    }
+    seconds = time.perf_counter() - start
+    sample_docs, sample_chars, sample_tokens = _compression_sample(tok, cfg.paths.curated)
+    with atomic_dir(out_dir) as tmp:
+        tok.save(str(tmp / "tokenizer.json"))
+        write_json(tmp / "meta.json", meta)
+    metrics = {
+        "vocab_size": meta["vocab_size"],
+        "base_vocab_size": base_size,
+        "trained_on_docs": docs,
+        "trained_on_chars": chars,
+        "sample_docs": sample_docs,
+        "sample_chars_per_token": round(sample_chars / max(sample_tokens, 1), 4),
+        "seconds": round(seconds, 2),
+    }
+    write_json(report, metrics)
+    log.info(
+        "wrote %s (vocab %d, %.2f chars/token)",
+        out_dir,
+        meta["vocab_size"],
+        metrics["sample_chars_per_token"],
+    )
+    return {k: metrics[k] for k in ("vocab_size", "trained_on_docs", "sample_chars_per_token", "seconds")}
+
+
+def train_bpe(texts: Iterable[str], tcfg: TokenizerConfig) -> Tokenizer:
+    """Byte-level BPE: every byte is in the alphabet and nothing is normalized, so decoding is exact."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=tcfg.vocab_size,
+        min_frequency=tcfg.min_frequency,
+        special_tokens=[tcfg.eos_token, tcfg.pad_token],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    if tok.get_vocab_size() < tcfg.vocab_size:
+        log.warning(
+            "corpus too small for tokenizer.vocab_size=%d: got %d", tcfg.vocab_size, tok.get_vocab_size()
+        )
+    return tok
+
+
+def load_user_tokenizer(tcfg: TokenizerConfig) -> Tokenizer:
+    """Read ``tokenizer.path``; it must parse and hold the eos token. A missing pad token is added."""
+    path = Path(tcfg.path)
+    if not path.is_file():
+        raise DataError(f"tokenizer.path: file {path} does not exist")
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as exc:  # the Rust side raises a bare Exception for any parse error
+        raise DataError(f"tokenizer.path: {path} is not a valid tokenizer.json ({exc})") from None
+    if tok.token_to_id(tcfg.eos_token) is None:
+        raise DataError(
+            f"tokenizer.path: {path} has no eos token {tcfg.eos_token!r}; set tokenizer.eos_token to the "
+            "end-of-document token of that tokenizer"
+        )
+    ids = tok.get_vocab(with_added_tokens=True).values()
+    if max(ids) + 1 != tok.get_vocab_size():
+        raise DataError(
+            f"tokenizer.path: {path} has gaps in its token ids (max id {max(ids)}, {len(ids)} tokens)"
+        )
+    if tok.token_to_id(tcfg.pad_token) is None:
+        log.info("%s has no pad token %r: adding it", path, tcfg.pad_token)
+        tok.add_special_tokens([tcfg.pad_token])
+    return tok
+
+
+def pad_vocab(tok: Tokenizer, multiple: int) -> int:
+    """Append unused special tokens until the size is a multiple of ``multiple``; return how many."""
+    missing = -tok.get_vocab_size() % multiple
+    vocab = tok.get_vocab(with_added_tokens=True)
+    names: list[str] = []
+    i = 0
+    while len(names) < missing:
+        if (name := UNUSED_TOKEN.format(i)) not in vocab:
+            names.append(name)
+        i += 1
+    if names:
+        tok.add_special_tokens(names)
+    assert tok.get_vocab_size() % multiple == 0, "added tokens must take fresh ids"
+    return len(names)
+
+
+def load_tokenizer(tokenizer_dir: str | Path) -> tuple[Tokenizer, dict]:
+    """The stage's output for later stages: the tokenizer and its meta.json."""
+    tokenizer_dir = Path(tokenizer_dir)
+    path, meta_path = tokenizer_dir / "tokenizer.json", tokenizer_dir / "meta.json"
+    if not (path.is_file() and meta_path.is_file()):
+        raise DataError(f"no tokenizer in {tokenizer_dir} (paths.tokenizer): run `zaya tokenizer` first")
+    return Tokenizer.from_file(str(path)), read_json(meta_path)
+
+
+class _Counter:
+    """Iterates the texts of documents once, counting documents and characters on the way."""
+
+    def __init__(self, docs: Iterator[dict]):
+        self._docs = docs
+        self.docs = self.chars = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for doc in self._docs:
+            self.docs += 1
+            self.chars += len(doc["text"])
+            yield doc["text"]
+
+
+def _compression_sample(tok: Tokenizer, curated: str) -> tuple[int, int, int]:
+    texts = [d["text"] for d in iter_documents(curated, limit=COMPRESSION_SAMPLE_DOCS)]
+    tokens = sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))
+    return len(texts), sum(map(len, texts)), tokens
+
+
+def _check_config(tcfg: TokenizerConfig) -> None:
+    if not tcfg.eos_token or not tcfg.pad_token or tcfg.eos_token == tcfg.pad_token:
+        raise ConfigError(
+            f"tokenizer.eos_token ({tcfg.eos_token!r}) and tokenizer.pad_token ({tcfg.pad_token!r}) must be "
+            "two different non-empty strings"
+        )
+    if tcfg.pad_to_multiple < 1:
+        raise ConfigError(f"tokenizer.pad_to_multiple must be >= 1, got {tcfg.pad_to_multiple}")
+    if tcfg.max_train_docs < 0:
+        raise ConfigError(f"tokenizer.max_train_docs must be >= 0 (0 = all), got {tcfg.max_train_docs}")
+    if not tcfg.path and tcfg.vocab_size <= BYTE_ALPHABET + 2:
+        raise ConfigError(
+            f"tokenizer.vocab_size must exceed {BYTE_ALPHABET + 2} (256 byte tokens + eos + pad), "
+            f"got {tcfg.vocab_size}"
+        )

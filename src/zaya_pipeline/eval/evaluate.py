@@ -1,0 +1,126 @@
+"""``zaya evaluate``: score the trained model on the held-out split and record the figures.
+
+Writes the DVC metrics file ``<reports>/metrics.json``::
+
+    {val_loss, perplexity, bits_per_byte, tokens, bytes, windows, seq_len,
+     unigram_val_nats_per_token, unigram_val_bits_per_byte}
+
+(loss in nats/token; the unigram figures are the tokenize stage's baseline) and logs the same numbers,
+prefixed ``eval/``, to the training run named in ``<train>/run.json``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from zaya_pipeline.config import ZayaConfig
+from zaya_pipeline.errors import ConfigError, DataError
+from zaya_pipeline.eval.metrics import EvalResult, evaluate_lm
+from zaya_pipeline.eval.token_bytes import load_byte_lengths
+from zaya_pipeline.registry.tracking import TrackingError, get_run, read_run_info
+from zaya_pipeline.utils import get_logger, remove_outputs, write_json
+
+log = get_logger("eval")
+
+METRICS_FILE = "metrics.json"
+
+
+def _check_config(cfg: ZayaConfig, max_seq_len: int) -> int:
+    ecfg = cfg.eval
+    if ecfg.batch_size < 1:
+        raise ConfigError(f"eval.batch_size must be >= 1, got {ecfg.batch_size}")
+    if ecfg.max_batches < 0:
+        raise ConfigError(f"eval.max_batches must be >= 0 (0 = all), got {ecfg.max_batches}")
+    if ecfg.seq_len < 0:
+        raise ConfigError(f"eval.seq_len must be >= 0 (0 = train.seq_len), got {ecfg.seq_len}")
+    seq_len = ecfg.seq_len or cfg.train.seq_len
+    if not 1 <= seq_len <= max_seq_len:
+        key = "eval.seq_len" if ecfg.seq_len else "train.seq_len"
+        raise ConfigError(f"{key}={seq_len} must be in [1, {max_seq_len}] (the model's max_seq_len)")
+    return seq_len
+
+
+def metrics_dict(result: EvalResult, seq_len: int, token_meta: dict) -> dict:
+    return {
+        "val_loss": round(result.loss, 6),
+        "perplexity": round(result.perplexity, 4),
+        "bits_per_byte": round(result.bits_per_byte, 6),
+        "tokens": result.tokens,
+        "bytes": result.bytes,
+        "windows": result.windows,
+        "seq_len": seq_len,
+        "unigram_val_nats_per_token": token_meta.get("unigram_val_nats_per_token"),
+        "unigram_val_bits_per_byte": token_meta.get("unigram_val_bits_per_byte"),
+    }
+
+
+def log_eval_metrics(client, run_info: dict, metrics: dict) -> None:
+    """The numeric metrics, prefixed ``eval/``, on the training run (one batch call)."""
+    from mlflow.entities import Metric
+    from mlflow.exceptions import MlflowException
+
+    now = int(time.time() * 1000)
+    batch = [Metric(f"eval/{k}", float(v), now, 0) for k, v in metrics.items() if isinstance(v, int | float)]
+    try:
+        client.log_batch(run_info["run_id"], metrics=batch)
+    except MlflowException as exc:
+        raise TrackingError(
+            f"cannot log to run {run_info['run_id']} in {run_info['tracking_uri']}: {exc}"
+        ) from None
+
+
+def evaluate(cfg: ZayaConfig) -> dict:
+    from zaya_pipeline.data.loader import PackedDataset, load_split, read_token_meta
+    from zaya_pipeline.model.checkpoint import load_model
+
+    out = Path(cfg.paths.reports) / METRICS_FILE
+    remove_outputs(out)
+    train_dir, tokens_dir = Path(cfg.paths.train), Path(cfg.paths.tokens)
+    run_info = read_run_info(train_dir)
+    # Open the run first: an unreachable store should fail before minutes of scoring, not after.
+    client, _ = get_run(run_info["tracking_uri"], run_info["run_id"])
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, model_cfg = load_model(train_dir / "model.pt", map_location=device)
+    seq_len = _check_config(cfg, model_cfg.max_seq_len)
+    token_meta = read_token_meta(tokens_dir)
+    val = load_split(tokens_dir, "val")
+    top = int(val.max())
+    if top >= model_cfg.vocab_size:
+        raise DataError(
+            f"{tokens_dir}/val holds token id {top} but the model in {train_dir}/model.pt has vocab_size "
+            f"{model_cfg.vocab_size}: the tokens and the model come from different tokenizers"
+        )
+    byte_lengths = load_byte_lengths(Path(cfg.paths.tokenizer) / "tokenizer.json", model_cfg.vocab_size)
+    dataset = PackedDataset(val, seq_len, seed=None)
+    log.info(
+        "scoring %d windows of %d tokens (batch %d, max_batches %d) on %s",
+        len(dataset),
+        seq_len,
+        cfg.eval.batch_size,
+        cfg.eval.max_batches,
+        device,
+    )
+    start = time.perf_counter()
+    result = evaluate_lm(
+        model, dataset, byte_lengths, cfg.eval.batch_size, cfg.eval.max_batches, device=device
+    )
+    seconds = round(time.perf_counter() - start, 2)
+    if not result.bytes:
+        raise DataError(
+            f"the scored tokens of {tokens_dir}/val stand for no text bytes (only special tokens?)"
+        )
+    metrics = metrics_dict(result, seq_len, token_meta)
+    log_eval_metrics(client, run_info, metrics)
+    write_json(out, metrics)
+    log.info("wrote %s in %.1fs; logged to run %s", out, seconds, run_info["run_id"])
+    return {
+        "val_loss": metrics["val_loss"],
+        "perplexity": metrics["perplexity"],
+        "bits_per_byte": metrics["bits_per_byte"],
+        "tokens": result.tokens,
+        "seconds": seconds,
+    }

@@ -1,0 +1,65 @@
+"""``model.pt``: the model config and weights in one ``torch.save`` file, enough to rebuild ``ZayaLM``.
+
+Format: ``{"model_config": dataclasses.asdict(ModelConfig), "state_dict": ZayaLM.state_dict()}``; it loads
+with ``torch.load(weights_only=True)`` (plain types and tensors only).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import torch
+
+from zaya_pipeline.config import ModelConfig, MoEConfig, RouterConfig
+from zaya_pipeline.errors import DataError
+from zaya_pipeline.model.transformer import ZayaLM
+
+
+def model_config_from_dict(d: dict, origin: str) -> ModelConfig:
+    """Rebuild the nested ``ModelConfig``; a key the schema does not know is an error naming ``origin``."""
+
+    def build(cls, values: dict, prefix: str):
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise DataError(f"{origin}: unknown model config keys {[prefix + k for k in unknown]}")
+        return cls(**values)
+
+    moe = dict(d.get("moe", {}))
+    moe["router"] = build(RouterConfig, moe.get("router", {}), "model.moe.router.")
+    return build(ModelConfig, {**d, "moe": build(MoEConfig, moe, "model.moe.")}, "model.")
+
+
+def save_model(path: str | Path, model: ZayaLM, model_cfg: ModelConfig) -> Path:
+    """Write atomically (temp file + rename): a crash never leaves a truncated model.pt."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save({"model_config": asdict(model_cfg), "state_dict": state}, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[ZayaLM, ModelConfig]:
+    """The saved model in eval mode on ``map_location``, and its config."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path} is missing: run the train stage first (zaya train)")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        cfg = model_config_from_dict(ckpt["model_config"], str(path))
+        state = ckpt["state_dict"]
+    except (KeyError, TypeError, RuntimeError, EOFError) as exc:
+        raise DataError(f"{path} is not a zaya model checkpoint: {exc}") from None
+    model = ZayaLM(cfg)
+    model.load_state_dict(state)
+    return model.to(map_location).eval(), cfg

@@ -1,0 +1,64 @@
+"""Autoregressive decoding: greedy or temperature + nucleus (top-p) sampling. No KV cache yet: every step
+re-runs the (cropped) context.
+
+Shape legend:
+    B  batch    T  tokens    V  vocabulary
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zaya_pipeline.model.transformer import ZayaLM
+
+
+def sample_top_p(
+    logits_BV: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Sample from the smallest set of tokens whose probability mass reaches ``top_p`` (at least one)."""
+    probs_BV = (logits_BV.float() / temperature).softmax(dim=-1)
+    if top_p < 1.0:
+        sorted_BV, idx_BV = probs_BV.sort(dim=-1, descending=True)
+        # Drop a token when the mass before it already reaches top_p; the most likely token always stays.
+        drop_BV = sorted_BV.cumsum(dim=-1) - sorted_BV >= top_p
+        sorted_BV = sorted_BV.masked_fill(drop_BV, 0.0)
+        probs_BV = torch.zeros_like(probs_BV).scatter(-1, idx_BV, sorted_BV)
+    return torch.multinomial(probs_BV, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(
+    model: ZayaLM,
+    input_ids_BT: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    eos_id: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.LongTensor:
+    """The prompt followed by up to ``max_new_tokens`` new tokens, shape (B, T + n).
+
+    ``temperature == 0`` decodes greedily. A row that has produced ``eos_id`` is padded with ``eos_id``
+    afterwards; decoding stops early once every row has. Contexts longer than ``model.cfg.max_seq_len``
+    keep only their last ``max_seq_len`` tokens.
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    ids_BT = input_ids_BT.long()
+    done_B = torch.zeros(ids_BT.shape[0], dtype=torch.bool, device=ids_BT.device)
+    max_len = model.cfg.max_seq_len
+    for _ in range(max_new_tokens):
+        logits_BV = model(ids_BT[:, -max_len:]).logits[:, -1]
+        if temperature == 0.0:
+            next_B = logits_BV.argmax(dim=-1)
+        else:
+            next_B = sample_top_p(logits_BV, temperature, top_p, generator)
+        if eos_id is not None:
+            next_B = next_B.masked_fill(done_B, eos_id)
+            done_B |= next_B == eos_id
+        ids_BT = torch.cat([ids_BT, next_B[:, None]], dim=1)
+        if eos_id is not None and bool(done_B.all()):
+            break
+    return ids_BT

@@ -1,0 +1,102 @@
+"""ZayaLM: a decoder-only MoE language model (pre-norm blocks: attention, then a routed MoE feed-forward).
+
+Single-device code: parallelism (FSDP, expert parallel, compile) is applied from outside.
+
+Shape legend:
+    B  batch    T  sequence length    D  model width    V  vocabulary    L  layers    E  experts
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from zaya_pipeline.config import ModelConfig
+from zaya_pipeline.errors import ConfigError
+from zaya_pipeline.model.attention import CausalSelfAttention
+from zaya_pipeline.model.moe import MoE
+
+
+@dataclass
+class LMOutput:
+    logits: torch.Tensor  # (B, T, V)
+    aux_loss: torch.Tensor  # scalar: sum over layers of the weighted router aux + z losses
+    expert_counts_LE: torch.Tensor  # routed (token, slot) pairs per expert and layer, detached
+
+
+def validate_model_config(cfg: ModelConfig) -> None:
+    if cfg.vocab_size <= 0:
+        raise ConfigError(f"model.vocab_size must be > 0 to build the model, got {cfg.vocab_size}")
+    if cfg.n_layers < 1:
+        raise ConfigError(f"model.n_layers must be >= 1, got {cfg.n_layers}")
+    if cfg.n_heads < 1 or cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 2:
+        raise ConfigError(
+            f"model.n_heads={cfg.n_heads} must split model.d_model={cfg.d_model} into even-width heads (RoPE)"
+        )
+    if cfg.max_seq_len < 1:
+        raise ConfigError(f"model.max_seq_len must be >= 1, got {cfg.max_seq_len}")
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn = CausalSelfAttention(cfg.d_model, cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
+        self.moe_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.moe = MoE(cfg.d_model, cfg.moe)
+
+    def forward(self, x_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD))
+        moe = self.moe(self.moe_norm(x_BTD))
+        return x_BTD + moe.y_BTD, moe.aux_loss, moe.num_tokens_per_expert_E
+
+
+class ZayaLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        validate_model_config(cfg)
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.final_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """N(0, init_std) everywhere; projections that write into the residual stream get
+        init_std / sqrt(2 n_layers) so the residual's variance does not grow with depth (GPT-2)."""
+        std = self.cfg.init_std
+        out_std = std / math.sqrt(2 * self.cfg.n_layers)
+        nn.init.normal_(self.embed.weight, std=std)
+        if self.lm_head is not None:
+            nn.init.normal_(self.lm_head.weight, std=std)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.qkv.weight, std=std)
+            nn.init.normal_(block.attn.out.weight, std=out_std)
+            nn.init.normal_(block.moe.router.proj.weight, std=std)
+            nn.init.normal_(block.moe.w_gate_up_EDF2, std=std)
+            nn.init.normal_(block.moe.w_down_EFD, std=out_std)
+        for module in self.modules():
+            if isinstance(module, nn.RMSNorm):
+                nn.init.ones_(module.weight)
+
+    def forward(self, input_ids_BT: torch.Tensor) -> LMOutput:
+        seq_len = input_ids_BT.shape[1]
+        if seq_len > self.cfg.max_seq_len:
+            raise ConfigError(
+                f"input of {seq_len} tokens is longer than model.max_seq_len={self.cfg.max_seq_len}"
+            )
+        x_BTD = self.embed(input_ids_BT)
+        aux_losses, counts = [], []
+        for block in self.blocks:
+            x_BTD, aux, counts_E = block(x_BTD)
+            aux_losses.append(aux)
+            counts.append(counts_E)
+        h_BTD = self.final_norm(x_BTD)
+        weight_VD = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        logits_BTV = h_BTD @ weight_VD.t()
+        return LMOutput(logits_BTV, torch.stack(aux_losses).sum(), torch.stack(counts).detach())

@@ -1,0 +1,25 @@
+"""A short Markdown model card, stored as the registered version's description (shown by ``mlflow ui``)."""
+
+from __future__ import annotations
+
+from zaya_pipeline.config import ModelConfig
+
+
+def model_card(model_cfg: ModelConfig, metrics: dict, run_id: str, git_commit: str | None) -> str:
+    from zaya_pipeline.model.params import num_active_params, num_params
+
+    moe = model_cfg.moe
+    lines = [
+        f"# {model_cfg.name}: ZAYA-style Mixture-of-Experts LM",
+        "",
+        f"* {model_cfg.n_layers} layers, d_model {model_cfg.d_model}, {model_cfg.n_heads} heads, "
+        f"{moe.num_experts} experts (top-{moe.top_k}, hidden {moe.expert_hidden}), vocabulary "
+        f"{model_cfg.vocab_size}, context {model_cfg.max_seq_len} tokens",
+        f"* parameters: {num_params(model_cfg):,} total, {num_active_params(model_cfg):,} active per token",
+        f"* held-out: loss {metrics['val_loss']:.4f} nats/token, perplexity {metrics['perplexity']:.2f}, "
+        f"{metrics['bits_per_byte']:.4f} bits/byte over {metrics['tokens']:,} tokens",
+        f"* training run `{run_id}`" + (f", code at git commit `{git_commit}`" if git_commit else ""),
+        "",
+        "Load with `mlflow.pyfunc.load_model(uri).predict(['a prompt'], params={'max_new_tokens': 32})`.",
+    ]
+    return "\n".join(lines)

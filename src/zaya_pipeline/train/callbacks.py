@@ -1,0 +1,128 @@
+"""Training telemetry: interval-averaged loss, LR, throughput and per-expert load, sent to the Lightning
+logger (MLflow), kept as rows for the DVC plots files, and printed as one progress line per interval.
+
+Shape legend:
+    L  layers    E  experts
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import lightning as L
+import torch
+
+from zaya_pipeline.utils import get_logger
+
+log = get_logger("train")
+
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+class TrainTelemetry(L.Callback):
+    """Metrics every ``log_every`` optimizer steps (and at the last step), validation loss after each pass.
+
+    Rows: ``train_rows`` (step, loss, lr, tokens_per_s), ``val_rows`` (step, val_loss), ``load_rows``
+    (step, layer, expert, fraction). Time spent in validation is not counted as training time.
+    """
+
+    def __init__(self, log_every: int, max_steps: int, tokens_per_step: int):
+        self.log_every = max(1, log_every)
+        self.max_steps = max_steps
+        self.tokens_per_step = tokens_per_step  # over all ranks
+        self.train_rows: list[tuple[int, float, float, float]] = []
+        self.val_rows: list[tuple[int, float]] = []
+        self.load_rows: list[tuple[int, int, int, float]] = []
+        self.last_val_step = -1
+        self.train_seconds = 0.0
+        self._reset_interval()
+
+    def _reset_interval(self) -> None:
+        self._loss_sum = 0.0
+        self._aux_sum = 0.0
+        self._batches = 0
+        self._counts_LE: torch.Tensor | None = None
+
+    @property
+    def tokens_per_s_median(self) -> float:
+        return statistics.median(r[3] for r in self.train_rows) if self.train_rows else 0.0
+
+    @property
+    def last_train_loss(self) -> float:
+        return self.train_rows[-1][1] if self.train_rows else float("nan")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._t_last = time.perf_counter()
+        self._step_last = trainer.global_step
+        self._paused = 0.0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._loss_sum += float(outputs["ce"])
+        self._aux_sum += float(outputs["aux"])
+        self._batches += 1
+        counts = outputs["expert_counts_LE"]
+        self._counts_LE = counts.clone() if self._counts_LE is None else self._counts_LE + counts
+        step = trainer.global_step
+        if step % self.log_every == 0 or step >= self.max_steps:
+            self._emit(trainer, step)
+
+    def _emit(self, trainer: L.Trainer, step: int) -> None:
+        reduce = trainer.strategy.reduce
+        now = time.perf_counter()
+        elapsed = now - self._t_last - self._paused
+        self.train_seconds += elapsed
+        tokens_per_s = (step - self._step_last) * self.tokens_per_step / max(elapsed, 1e-9)
+        loss = float(reduce(torch.tensor(self._loss_sum / self._batches), reduce_op="mean"))
+        aux = float(reduce(torch.tensor(self._aux_sum / self._batches), reduce_op="mean"))
+        counts_LE = reduce(self._counts_LE.float(), reduce_op="sum")
+        frac_LE = counts_LE / counts_LE.sum(dim=1, keepdim=True)
+        lr = trainer.optimizers[0].param_groups[0]["lr"]  # the LR this step used (the scheduler steps after)
+        metrics = {"train/loss": loss, "train/aux_loss": aux, "train/lr": lr}
+        metrics["train/tokens_per_s"] = tokens_per_s
+        num_experts = frac_LE.shape[1]
+        for layer, frac_E in enumerate(frac_LE.tolist()):
+            for expert, frac in enumerate(frac_E):
+                metrics[f"load/l{layer}/e{expert}"] = frac
+                self.load_rows.append((step, layer, expert, frac))
+            metrics[f"load/l{layer}/max_over_mean"] = max(frac_E) * num_experts
+        if trainer.logger is not None:
+            trainer.logger.log_metrics(metrics, step=step)
+        self.train_rows.append((step, loss, lr, tokens_per_s))
+        eta = (self.max_steps - step) * self.train_seconds / max(step, 1)
+        worst = max(metrics[f"load/l{i}/max_over_mean"] for i in range(frac_LE.shape[0]))
+        log.info(
+            "step %d/%d  loss %.4f  aux %.4f  lr %.2e  %.0f tok/s  max load/mean %.2f  ETA %s",
+            *(step, self.max_steps, loss, aux, lr, tokens_per_s, worst, _fmt_duration(eta)),
+        )
+        # The next interval starts after this bookkeeping: tokens/s measures the training loop itself.
+        self._t_last, self._step_last, self._paused = time.perf_counter(), step, 0.0
+        self._reset_interval()
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._val_t0 = time.perf_counter()
+        self._val_sum = 0.0
+        self._val_tokens = 0
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self._val_sum += float(outputs["ce"]) * outputs["tokens"]
+        self._val_tokens += outputs["tokens"]
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or self._val_tokens == 0:
+            return
+        reduce = trainer.strategy.reduce
+        total = float(reduce(torch.tensor(self._val_sum), reduce_op="sum"))
+        tokens = float(reduce(torch.tensor(float(self._val_tokens)), reduce_op="sum"))
+        val_loss = total / tokens
+        step = trainer.global_step
+        if trainer.logger is not None:
+            trainer.logger.log_metrics({"val/loss": val_loss}, step=step)
+        self.val_rows.append((step, val_loss))
+        self.last_val_step = step
+        log.info("step %d/%d  val_loss %.4f  (%d tokens)", step, self.max_steps, val_loss, int(tokens))
+        if hasattr(self, "_paused"):
+            self._paused += time.perf_counter() - self._val_t0

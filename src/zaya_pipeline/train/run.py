@@ -1,0 +1,207 @@
+"""The train stage: fit ZayaLM on the token shards with Lightning, log to MLflow, write model.pt and reports.
+
+Outputs:
+    <paths.train>/model.pt                 ``save_model`` format (model config + state dict)
+    <paths.train>/run.json                 {run_id, experiment_id, tracking_uri}: evaluate/register log there
+    <paths.reports>/train.json             DVC metrics (final losses, unigram baseline, throughput, sizes)
+    <paths.reports>/plots/train.csv        step, loss, lr, tokens_per_s
+    <paths.reports>/plots/val.csv          step, val_loss
+    <paths.reports>/plots/expert_load.csv  step, layer, expert, fraction
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import os
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from zaya_pipeline.config import ModelConfig, TrainConfig, ZayaConfig, as_dict
+from zaya_pipeline.data.loader import read_token_meta
+from zaya_pipeline.errors import ConfigError, DataError
+from zaya_pipeline.model.checkpoint import save_model
+from zaya_pipeline.model.params import num_active_params, num_params
+from zaya_pipeline.utils import atomic_dir, get_logger, remove_outputs, set_project_env, write_json
+
+log = get_logger("train")
+
+
+def resolve_model_config(model: ModelConfig, meta: dict) -> ModelConfig:
+    """``model.vocab_size`` 0 takes the tokenizer's (padded) vocabulary; any other value must equal it."""
+    vocab = int(meta["vocab_size"])
+    if model.vocab_size == 0:
+        return dataclasses.replace(model, vocab_size=vocab)
+    if model.vocab_size != vocab:
+        raise ConfigError(
+            f"model.vocab_size={model.vocab_size} does not match the tokenizer's vocab_size={vocab} "
+            f"(token meta.json); set model.vocab_size=0 to take it from the tokenizer"
+        )
+    return model
+
+
+def check_train_config(train: TrainConfig, model: ModelConfig) -> None:
+    for key in ("max_steps", "micro_batch", "seq_len", "val_every", "val_batches", "log_every"):
+        if getattr(train, key) < 1:
+            raise ConfigError(f"train.{key} must be >= 1, got {getattr(train, key)}")
+    if train.seq_len > model.max_seq_len:
+        raise ConfigError(f"train.seq_len={train.seq_len} exceeds model.max_seq_len={model.max_seq_len}")
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def write_csv(path: Path, header: tuple[str, ...], rows: list[tuple]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
+def param_counts(cfg: ModelConfig) -> dict:
+    return {
+        "params_total": num_params(cfg),
+        "params_active": num_active_params(cfg),
+        "params_total_non_embedding": num_params(cfg, include_embedding=False),
+        "params_active_non_embedding": num_active_params(cfg, include_embedding=False),
+    }
+
+
+def _trainer(cfg: ZayaConfig, logger, callbacks: list, root: Path):
+    import lightning as L
+
+    t = cfg.train
+    return L.Trainer(
+        accelerator=cfg.parallel.accelerator,
+        devices=cfg.parallel.devices,
+        strategy=cfg.parallel.strategy,
+        precision=t.precision,
+        max_steps=t.max_steps,
+        gradient_clip_val=t.optim.grad_clip or None,
+        val_check_interval=t.val_every,
+        check_val_every_n_epoch=None,  # validate every val_every steps, across epoch boundaries
+        limit_val_batches=t.val_batches,
+        num_sanity_val_steps=0,
+        log_every_n_steps=t.log_every,
+        logger=logger,
+        callbacks=callbacks,
+        enable_checkpointing=False,  # model.pt is written by save_model
+        enable_progress_bar=False,  # TrainTelemetry prints plain lines instead (CI logs)
+        enable_model_summary=False,
+        default_root_dir=str(root),
+    )
+
+
+def train(cfg: ZayaConfig) -> dict:
+    """Train the model described by ``cfg.model`` with ``cfg.train``; returns a short summary."""
+    set_project_env()
+    import lightning as L
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    from zaya_pipeline.registry.tracking import setup_mlflow, tracking_uri
+    from zaya_pipeline.train.callbacks import TrainTelemetry
+    from zaya_pipeline.train.data import TokenDataModule
+    from zaya_pipeline.train.module import ZayaLitModule
+
+    t_start = time.perf_counter()
+    tcfg, paths = cfg.train, cfg.paths
+    reports = Path(paths.reports)
+    plots = {name: reports / "plots" / f"{name}.csv" for name in ("train", "val", "expert_load")}
+    remove_outputs(paths.train, reports / "train.json", *plots.values())
+    meta = read_token_meta(paths.tokens)
+    if "unigram_val_nats_per_token" not in meta:
+        raise DataError(
+            f"{Path(paths.tokens) / 'meta.json'} lacks unigram_val_nats_per_token: run tokenize again"
+        )
+    model_cfg = resolve_model_config(cfg.model, meta)
+    check_train_config(tcfg, model_cfg)
+    if tcfg.num_threads > 0:
+        torch.set_num_threads(tcfg.num_threads)
+
+    L.seed_everything(tcfg.seed, workers=True, verbose=False)
+    data = TokenDataModule(paths.tokens, tcfg.seq_len, tcfg.micro_batch, tcfg.seed, model_cfg.vocab_size)
+    module = ZayaLitModule(model_cfg, tcfg)
+    sizes = param_counts(model_cfg)
+    log.info(
+        "model %s: %.2fM params (%.2fM active per token), vocab %d; %d steps of %d x %d tokens",
+        *(model_cfg.name, sizes["params_total"] / 1e6, sizes["params_active"] / 1e6, model_cfg.vocab_size),
+        *(tcfg.max_steps, tcfg.micro_batch, tcfg.seq_len),
+    )
+
+    experiment_id = setup_mlflow(cfg.registry)
+    uri = tracking_uri(cfg.registry)
+    logger = MLFlowLogger(
+        experiment_name=cfg.registry.experiment_name,
+        run_name=cfg.registry.run_name or None,
+        tracking_uri=uri,
+        log_model=False,
+    )
+    params = flatten(as_dict(cfg))
+    params["model.vocab_size"] = model_cfg.vocab_size  # the resolved value, not the 0 placeholder
+    logger.log_hyperparams({**params, **{f"model.{k}": v for k, v in sizes.items()}})
+
+    with atomic_dir(paths.train) as out:
+        world = cfg.parallel.devices if isinstance(cfg.parallel.devices, int) else 1
+        telemetry = TrainTelemetry(tcfg.log_every, tcfg.max_steps, tcfg.micro_batch * tcfg.seq_len * world)
+        trainer = _trainer(cfg, logger, [telemetry], out)
+        with warnings.catch_warnings():
+            # On 2 CPU cores loader worker processes only steal time from the model.
+            warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+            # Lightning 2.6 calls a torch pytree API that torch 2.13 deprecates; nothing for us to change.
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+            trainer.fit(module, datamodule=data)
+            if telemetry.last_val_step != trainer.global_step:
+                trainer.validate(module, datamodule=data, verbose=False)
+        fit_s = time.perf_counter() - t_start
+        if trainer.is_global_zero:
+            save_model(out / "model.pt", module.model, model_cfg)
+            run = {"run_id": logger.run_id, "experiment_id": experiment_id, "tracking_uri": uri}
+            write_json(out / "run.json", run)
+
+    val_loss = telemetry.val_rows[-1][1]
+    unigram = float(meta["unigram_val_nats_per_token"])
+    steps = trainer.global_step
+    metrics = {
+        "val_loss": val_loss,
+        "val_ppl": math.exp(val_loss),
+        "train_loss": telemetry.last_train_loss,
+        "unigram_val_nats_per_token": unigram,
+        "val_over_unigram": val_loss / unigram,
+        "steps": steps,
+        "tokens_seen": steps * telemetry.tokens_per_step,
+        "tokens_per_s": telemetry.tokens_per_s_median,
+        "train_s": telemetry.train_seconds,
+        "wall_s": time.perf_counter() - t_start,
+        **sizes,
+    }
+    if trainer.is_global_zero:
+        logger.log_metrics({f"final/{k}": float(v) for k, v in metrics.items()}, step=steps)
+        write_csv(plots["train"], ("step", "loss", "lr", "tokens_per_s"), telemetry.train_rows)
+        write_csv(plots["val"], ("step", "val_loss"), telemetry.val_rows)
+        write_csv(plots["expert_load"], ("step", "layer", "expert", "fraction"), telemetry.load_rows)
+        write_json(reports / "train.json", metrics)
+    log.info("train: %d steps in %.1f s (until saved: %.1f s)", steps, metrics["wall_s"], fit_s)
+    return {
+        "val_loss": round(val_loss, 4),
+        "unigram_val_nats_per_token": round(unigram, 4),
+        "val_over_unigram": round(val_loss / unigram, 4),
+        "tokens_per_s": round(metrics["tokens_per_s"]),
+        "wall_s": round(metrics["wall_s"], 1),
+        "model": str(Path(paths.train) / "model.pt"),
+        "run_id": logger.run_id,
+    }

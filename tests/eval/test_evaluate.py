@@ -1,0 +1,139 @@
+"""``zaya evaluate`` end to end on a small real ZayaLM, real token shards and a real SQLite MLflow store."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from zaya_pipeline.config import ModelConfig, MoEConfig, TokenizerConfig, ZayaConfig
+from zaya_pipeline.data.loader import PackedDataset
+from zaya_pipeline.data.tokenizer import pad_vocab, train_bpe
+from zaya_pipeline.errors import ConfigError, DataError
+from zaya_pipeline.eval.evaluate import evaluate
+from zaya_pipeline.eval.metrics import evaluate_lm
+from zaya_pipeline.eval.token_bytes import token_byte_lengths
+from zaya_pipeline.model.checkpoint import save_model
+from zaya_pipeline.model.transformer import ZayaLM
+from zaya_pipeline.registry.tracking import TrackingError
+
+DOCS = [f"document {i}: the café serves naïve tea at {i % 7} o'clock, said the dog." for i in range(60)]
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("evaluate")
+    tok = train_bpe(DOCS, TokenizerConfig(vocab_size=300))
+    pad_vocab(tok, 64)
+    tok_dir = root / "tokenizer"
+    tok_dir.mkdir()
+    tok.save(str(tok_dir / "tokenizer.json"))
+    vocab, eos = tok.get_vocab_size(), tok.token_to_id("<|endoftext|>")
+    (tok_dir / "meta.json").write_text(
+        json.dumps({"vocab_size": vocab, "eos_id": eos, "eos_token": "<|endoftext|>"})
+    )
+
+    ids = [t for d in DOCS for t in [*tok.encode(d, add_special_tokens=False).ids, eos]]
+    val = np.array(ids, dtype=np.uint16)
+    (root / "tokens" / "val").mkdir(parents=True)
+    val.tofile(root / "tokens" / "val" / "000_val.ds")
+    meta = {
+        "token_dtype": "uint16",
+        "vocab_size": vocab,
+        "eos_id": eos,
+        "unigram_val_nats_per_token": 4.5,
+        "splits": {
+            "val": {"docs": len(DOCS), "tokens": len(val), "bytes": sum(len(d.encode()) for d in DOCS)}
+        },
+    }
+    (root / "tokens" / "meta.json").write_text(json.dumps(meta))
+
+    torch.manual_seed(0)
+    mcfg = ModelConfig(
+        vocab_size=vocab,
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        max_seq_len=32,
+        moe=MoEConfig(num_experts=2, top_k=1, expert_hidden=32),
+    )
+    model = ZayaLM(mcfg)
+    save_model(root / "train" / "model.pt", model, mcfg)
+
+    uri = f"sqlite:///{root}/mlflow.db"
+    client = MlflowClient(uri)
+    run = client.create_run(client.create_experiment("eval-test", (root / "mlartifacts").as_uri()))
+    run_info = {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id, "tracking_uri": uri}
+    (root / "train" / "run.json").write_text(json.dumps(run_info))
+    return {"root": root, "tok": tok, "val": val, "model": model, "run_id": run.info.run_id, "uri": uri}
+
+
+def make_cfg(root: Path, **eval_overrides) -> ZayaConfig:
+    cfg = ZayaConfig()
+    cfg.paths.tokenizer, cfg.paths.tokens = str(root / "tokenizer"), str(root / "tokens")
+    cfg.paths.train, cfg.paths.reports = str(root / "train"), str(root / "reports")
+    cfg.train.seq_len = 16
+    for k, v in eval_overrides.items():
+        setattr(cfg.eval, k, v)
+    return cfg
+
+
+def test_evaluate_writes_metrics_and_logs_them_to_the_training_run(workspace):
+    root = workspace["root"]
+    summary = evaluate(make_cfg(root, batch_size=4))
+    metrics = json.loads((root / "reports" / "metrics.json").read_text())
+
+    lengths = token_byte_lengths(workspace["tok"])
+    direct = evaluate_lm(workspace["model"], PackedDataset(workspace["val"], 16), lengths, batch_size=7)
+    n = (len(workspace["val"]) - 1) // 16
+    assert metrics["windows"] == n and metrics["tokens"] == n * 16 and metrics["seq_len"] == 16
+    assert metrics["bytes"] == int(lengths[workspace["val"][1 : n * 16 + 1].astype(np.int64)].sum())
+    assert metrics["val_loss"] == pytest.approx(direct.loss, rel=1e-5)
+    assert metrics["perplexity"] == pytest.approx(math.exp(metrics["val_loss"]), rel=1e-4)
+    assert metrics["bits_per_byte"] == pytest.approx(direct.nats / math.log(2) / direct.bytes, rel=1e-5)
+    # an untrained model is about as good as uniform over the vocabulary
+    assert abs(metrics["val_loss"] - math.log(workspace["tok"].get_vocab_size())) < 0.5
+    assert metrics["unigram_val_nats_per_token"] == 4.5
+    assert summary["val_loss"] == metrics["val_loss"]
+
+    logged = MlflowClient(workspace["uri"]).get_run(workspace["run_id"]).data.metrics
+    assert logged["eval/val_loss"] == pytest.approx(metrics["val_loss"])
+    assert logged["eval/bits_per_byte"] == pytest.approx(metrics["bits_per_byte"])
+    assert logged["eval/tokens"] == metrics["tokens"]
+
+
+def test_eval_seq_len_and_max_batches_are_respected(workspace):
+    root = workspace["root"]
+    evaluate(make_cfg(root, batch_size=3, max_batches=2, seq_len=8))
+    metrics = json.loads((root / "reports" / "metrics.json").read_text())
+    assert (metrics["windows"], metrics["tokens"], metrics["seq_len"]) == (6, 48, 8)
+
+
+def test_a_seq_len_longer_than_the_model_is_a_config_error_naming_the_key(workspace):
+    with pytest.raises(ConfigError, match="eval.seq_len=64"):
+        evaluate(make_cfg(workspace["root"], seq_len=64))
+
+
+def test_failures_leave_no_metrics_file(workspace, tmp_path):
+    root = workspace["root"]
+    evaluate(make_cfg(root, max_batches=1))
+    assert (root / "reports" / "metrics.json").is_file()
+    with pytest.raises(ConfigError):
+        evaluate(make_cfg(root, batch_size=0))
+    assert not (root / "reports" / "metrics.json").exists(), "a stale metrics file survived a failed run"
+
+    cfg = make_cfg(root)
+    cfg.paths.train = str(tmp_path / "train")
+    with pytest.raises(DataError, match="run.json is missing"):
+        evaluate(cfg)
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "run.json").write_text(
+        json.dumps({"run_id": "0" * 32, "tracking_uri": workspace["uri"]})
+    )
+    with pytest.raises(TrackingError, match="not in the MLflow store"):
+        evaluate(cfg)

@@ -1,0 +1,51 @@
+"""Closed-form parameter counts equal the instantiated module's."""
+
+from __future__ import annotations
+
+import pytest
+from model_cfgs import small_config
+
+from zaya_pipeline.config import MoEConfig
+from zaya_pipeline.model import ZayaLM, num_active_params, num_params
+
+CONFIGS = [
+    small_config(),
+    small_config(tie_embeddings=False),
+    small_config(d_model=24, n_heads=3, n_layers=3, moe=MoEConfig(num_experts=8, top_k=1, expert_hidden=40)),
+    small_config(
+        vocab_size=257, tie_embeddings=False, moe=MoEConfig(num_experts=2, top_k=2, expert_hidden=8)
+    ),
+]
+
+
+def measured(model: ZayaLM, include_embedding: bool) -> tuple[float, float]:
+    """(total, active) counted from the module: experts' weights count top_k / num_experts when active."""
+    cfg = model.cfg
+    embedding = {id(model.embed.weight)} | (
+        {id(model.lm_head.weight)} if model.lm_head is not None else set()
+    )
+    experts = {id(b.moe.w_gate_up_EDF2) for b in model.blocks} | {id(b.moe.w_down_EFD) for b in model.blocks}
+    total = active = 0.0
+    for p in model.parameters():
+        if not include_embedding and id(p) in embedding:
+            continue
+        total += p.numel()
+        active += p.numel() * (cfg.moe.top_k / cfg.moe.num_experts if id(p) in experts else 1)
+    return total, active
+
+
+@pytest.mark.parametrize(
+    "cfg", CONFIGS, ids=lambda c: f"V{c.vocab_size}-tie{c.tie_embeddings}-E{c.moe.num_experts}"
+)
+@pytest.mark.parametrize("include_embedding", [True, False])
+def test_closed_form_matches_module(cfg, include_embedding):
+    model = ZayaLM(cfg)
+    total, active = measured(model, include_embedding)
+    assert num_params(cfg, include_embedding=include_embedding) == total
+    assert num_active_params(cfg, include_embedding=include_embedding) == pytest.approx(active)
+
+
+def test_untied_head_adds_one_embedding_matrix():
+    tied, untied = small_config(), small_config(tie_embeddings=False)
+    assert num_params(untied) - num_params(tied) == tied.vocab_size * tied.d_model
+    assert num_params(untied, include_embedding=False) == num_params(tied, include_embedding=False)

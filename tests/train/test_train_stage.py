@@ -1,0 +1,130 @@
+"""The train stage end to end on tiny synthetic shards, with a real (temporary) MLflow SQLite store."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from zaya_pipeline.config import load_config
+from zaya_pipeline.errors import ConfigError, DataError
+from zaya_pipeline.model import load_model
+from zaya_pipeline.train.run import train
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def debug_config(root: Path, tokens: Path, *overrides: str):
+    return load_config(
+        [
+            "train=debug",
+            "model=debug",
+            f"paths.tokens={tokens}",
+            f"paths.train={root}/train",
+            f"paths.reports={root}/reports",
+            f"registry.tracking_uri=sqlite:///{root}/mlflow.db",
+            *overrides,
+        ],
+        conf_dir=CONF,
+    )
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, token_dir):
+    root = tmp_path_factory.mktemp("run")
+    cfg = debug_config(root, token_dir, "registry.run_name=unit-test")
+    return root, cfg, train(cfg)
+
+
+def test_writes_a_loadable_model_and_run_json(trained):
+    root, cfg, summary = trained
+    model, model_cfg = load_model(root / "train" / "model.pt")
+    assert model_cfg.vocab_size == 96  # taken from meta.json (model.vocab_size=0)
+    assert model_cfg.d_model == cfg.model.d_model
+    assert model(torch.zeros(1, 8, dtype=torch.long)).logits.shape == (1, 8, 96)
+    run = json.loads((root / "train" / "run.json").read_text())
+    assert set(run) == {"run_id", "experiment_id", "tracking_uri"} and run["run_id"] == summary["run_id"]
+    assert not [p for p in root.iterdir() if p.name.startswith(".")]  # no half-built temp folder left
+
+
+def test_loss_falls_far_below_the_unigram_baseline(trained):
+    root, cfg, _ = trained
+    metrics = json.loads((root / "reports" / "train.json").read_text())
+    assert metrics["steps"] == cfg.train.max_steps
+    assert metrics["tokens_seen"] == cfg.train.max_steps * cfg.train.micro_batch * cfg.train.seq_len
+    assert metrics["val_loss"] < 0.75 * metrics["unigram_val_nats_per_token"]
+    assert metrics["val_over_unigram"] == pytest.approx(
+        metrics["val_loss"] / metrics["unigram_val_nats_per_token"]
+    )
+    assert metrics["tokens_per_s"] > 0 and metrics["wall_s"] > metrics["train_s"] > 0
+    assert metrics["params_active"] < metrics["params_total"]
+    rows = read_csv(root / "reports" / "plots" / "train.csv")
+    assert [int(r["step"]) for r in rows] == list(range(5, 41, 5))
+    assert float(rows[-1]["loss"]) < 0.6 * float(rows[0]["loss"])
+
+
+def test_plots_files(trained):
+    root, cfg, _ = trained
+    plots = root / "reports" / "plots"
+    val = read_csv(plots / "val.csv")
+    assert [int(r["step"]) for r in val] == [20, 40]
+    load = read_csv(plots / "expert_load.csv")
+    L, E = cfg.model.n_layers, cfg.model.moe.num_experts
+    assert len(load) == 8 * L * E
+    for step in (5, 40):
+        for layer in range(L):
+            fracs = [
+                float(r["fraction"]) for r in load if int(r["step"]) == step and int(r["layer"]) == layer
+            ]
+            assert len(fracs) == E and sum(fracs) == pytest.approx(1.0)
+
+
+def test_logs_a_real_mlflow_run(trained):
+    from mlflow import MlflowClient
+
+    root, cfg, summary = trained
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    run = client.get_run(summary["run_id"])
+    assert run.info.run_name == "unit-test"
+    assert client.get_experiment(run.info.experiment_id).name == cfg.registry.experiment_name
+    assert run.data.params["train.max_steps"] == "40" and run.data.params["model.vocab_size"] == "96"
+    losses = client.get_metric_history(run.info.run_id, "train/loss")
+    assert [m.step for m in losses] == list(range(5, 41, 5))
+    assert losses[-1].value < losses[0].value
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val/loss")] == [20, 40]
+    for key in ("train/lr", "train/tokens_per_s", "train/aux_loss", "load/l1/e3", "load/l0/max_over_mean"):
+        assert key in run.data.metrics
+    assert run.data.metrics["final/val_loss"] == pytest.approx(summary["val_loss"], abs=1e-4)
+
+
+def test_same_seed_same_run(tmp_path, token_dir):
+    short = ("train.max_steps=4", "train.val_every=2", "train.log_every=2", "train.optim.warmup_steps=2")
+    a = train(debug_config(tmp_path / "a", token_dir, *short))
+    b = train(debug_config(tmp_path / "b", token_dir, *short))
+    assert a["val_loss"] == b["val_loss"]
+    rows = [read_csv(tmp_path / x / "reports" / "plots" / "train.csv") for x in "ab"]
+    assert [r["loss"] for r in rows[0]] == [r["loss"] for r in rows[1]]
+
+
+def test_vocab_mismatch_is_a_config_error_and_clears_stale_outputs(tmp_path, token_dir):
+    stale = tmp_path / "reports" / "train.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
+    with pytest.raises(ConfigError, match="model.vocab_size"):
+        train(debug_config(tmp_path, token_dir, "model.vocab_size=100"))
+    assert not stale.exists()
+
+
+def test_bad_lengths_and_missing_tokens(tmp_path, token_dir):
+    with pytest.raises(ConfigError, match="train.seq_len"):
+        train(debug_config(tmp_path, token_dir, "train.seq_len=256"))
+    with pytest.raises(DataError, match="tokenize"):
+        train(debug_config(tmp_path, tmp_path / "nowhere"))
