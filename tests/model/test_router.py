@@ -53,3 +53,14 @@ def test_linear_router_top_k_and_renormalized_weights():
 def test_unknown_router_type_names_the_key():
     with pytest.raises(ConfigError, match="model.moe.router.type"):
         build_router(8, MoEConfig(router=RouterConfig(type="zaya-mlp-someday")))
+
+
+def test_top1_keeps_the_raw_probability_so_the_router_learns_from_the_lm_loss():
+    torch.manual_seed(0)
+    router = LinearRouter(d_model=8, num_experts=4, top_k=1)
+    x = torch.randn(20, 8)
+    out = router(x)
+    probs = (x @ router.proj.weight.t()).softmax(-1)
+    torch.testing.assert_close(out.topk_weights_TK[:, 0], probs.max(-1).values)
+    out.topk_weights_TK.sum().backward()
+    assert router.proj.weight.grad.abs().sum() > 0

@@ -20,7 +20,7 @@ ROUTER_TYPES = ("linear",)
 @dataclass
 class RouterOutput:
     topk_ids_TK: torch.Tensor  # int64 expert ids, best first
-    topk_weights_TK: torch.Tensor  # fp32 gate weights, renormalized to sum to 1 over the K chosen
+    topk_weights_TK: torch.Tensor  # fp32 gate weights: renormalized over the K chosen (K > 1), raw prob (K = 1)
     aux_loss: torch.Tensor  # unweighted load-balancing loss (1.0 at perfectly uniform routing)
     z_loss: torch.Tensor  # unweighted router z-loss
     num_tokens_per_expert_E: torch.Tensor  # routed (token, slot) pairs per expert, detached
@@ -41,7 +41,11 @@ def router_z_loss(logits_TE: torch.Tensor) -> torch.Tensor:
 
 
 class LinearRouter(nn.Module):
-    """``softmax(x W_r)`` over experts, top-k, weights renormalized over the chosen k."""
+    """``softmax(x W_r)`` over experts, top-k; the gate weights are renormalized over the chosen k when k > 1.
+
+    With k = 1 the weight stays the raw probability (Switch Transformer): renormalized it would be exactly 1,
+    and the router would get no gradient from the language-model loss at all.
+    """
 
     def __init__(self, d_model: int, num_experts: int, top_k: int):
         super().__init__()
@@ -54,7 +58,9 @@ class LinearRouter(nn.Module):
         logits_TE = self.proj(x_TD).float()
         probs_TE = logits_TE.softmax(dim=-1)
         topk_probs_TK, topk_ids_TK = probs_TE.topk(self.top_k, dim=-1)
-        topk_weights_TK = topk_probs_TK / topk_probs_TK.sum(dim=-1, keepdim=True)
+        topk_weights_TK = topk_probs_TK
+        if self.top_k > 1:
+            topk_weights_TK = topk_probs_TK / topk_probs_TK.sum(dim=-1, keepdim=True)
         counts_E = torch.bincount(topk_ids_TK.reshape(-1), minlength=self.num_experts)
         return RouterOutput(
             topk_ids_TK=topk_ids_TK,
