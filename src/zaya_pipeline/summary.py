@@ -29,7 +29,7 @@ def summary(cfg: ZayaConfig) -> dict:
     if train:
         lines.append(
             f"training: {train.get('steps')} steps, {train.get('tokens_seen')} tokens, "
-            f"{train.get('wall_seconds', 0):.0f} s"
+            f"{train.get('wall_s', 0):.0f} s"
         )
     lines += [
         f"metrics:  {reports}/*.json          (dvc metrics show)",

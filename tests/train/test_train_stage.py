@@ -32,6 +32,14 @@ def debug_config(root: Path, tokens: Path, *overrides: str):
     )
 
 
+def log_steps(cfg) -> list[int]:
+    return list(range(cfg.train.log_every, cfg.train.max_steps + 1, cfg.train.log_every))
+
+
+def val_steps(cfg) -> list[int]:
+    return list(range(cfg.train.val_every, cfg.train.max_steps + 1, cfg.train.val_every))
+
+
 def read_csv(path: Path) -> list[dict]:
     with open(path) as f:
         return list(csv.DictReader(f))
@@ -67,7 +75,7 @@ def test_loss_falls_far_below_the_unigram_baseline(trained):
     assert metrics["tokens_per_s"] > 0 and metrics["wall_s"] > metrics["train_s"] > 0
     assert metrics["params_active"] < metrics["params_total"]
     rows = read_csv(root / "reports" / "plots" / "train.csv")
-    assert [int(r["step"]) for r in rows] == list(range(5, 41, 5))
+    assert [int(r["step"]) for r in rows] == log_steps(cfg)
     assert float(rows[-1]["loss"]) < 0.6 * float(rows[0]["loss"])
 
 
@@ -75,11 +83,11 @@ def test_plots_files(trained):
     root, cfg, _ = trained
     plots = root / "reports" / "plots"
     val = read_csv(plots / "val.csv")
-    assert [int(r["step"]) for r in val] == [20, 40]
+    assert [int(r["step"]) for r in val] == val_steps(cfg)
     load = read_csv(plots / "expert_load.csv")
     L, E = cfg.model.n_layers, cfg.model.moe.num_experts
-    assert len(load) == 8 * L * E
-    for step in (5, 40):
+    assert len(load) == len(log_steps(cfg)) * L * E
+    for step in (cfg.train.log_every, cfg.train.max_steps):
         for layer in range(L):
             fracs = [
                 float(r["fraction"]) for r in load if int(r["step"]) == step and int(r["layer"]) == layer
@@ -95,11 +103,12 @@ def test_logs_a_real_mlflow_run(trained):
     run = client.get_run(summary["run_id"])
     assert run.info.run_name == "unit-test"
     assert client.get_experiment(run.info.experiment_id).name == cfg.registry.experiment_name
-    assert run.data.params["train.max_steps"] == "40" and run.data.params["model.vocab_size"] == "96"
+    assert run.data.params["train.max_steps"] == str(cfg.train.max_steps)
+    assert run.data.params["model.vocab_size"] == "96"
     losses = client.get_metric_history(run.info.run_id, "train/loss")
-    assert [m.step for m in losses] == list(range(5, 41, 5))
+    assert [m.step for m in losses] == log_steps(cfg)
     assert losses[-1].value < losses[0].value
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "val/loss")] == [20, 40]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val/loss")] == val_steps(cfg)
     for key in ("train/lr", "train/tokens_per_s", "train/aux_loss", "load/l1/e3", "load/l0/max_over_mean"):
         assert key in run.data.metrics
     assert run.data.metrics["final/val_loss"] == pytest.approx(summary["val_loss"], abs=1e-4)

@@ -20,7 +20,7 @@ ROUTER_TYPES = ("linear",)
 @dataclass
 class RouterOutput:
     topk_ids_TK: torch.Tensor  # int64 expert ids, best first
-    topk_weights_TK: torch.Tensor  # fp32 gate weights: renormalized over the K chosen (K > 1), raw prob (K = 1)
+    topk_weights_TK: torch.Tensor  # fp32 gates: renormalized over the K chosen if K > 1, raw prob if K = 1
     aux_loss: torch.Tensor  # unweighted load-balancing loss (1.0 at perfectly uniform routing)
     z_loss: torch.Tensor  # unweighted router z-loss
     num_tokens_per_expert_E: torch.Tensor  # routed (token, slot) pairs per expert, detached
