@@ -32,7 +32,7 @@ def summary(cfg: ZayaConfig) -> dict:
             f"{train.get('wall_s', 0):.0f} s"
         )
     lines += [
-        f"metrics:  {reports}/*.json          (dvc metrics show)",
+        f"metrics:  {reports}/metrics.json, stage reports in {reports}/*.json  (dvc metrics show)",
         f"plots:    {reports}/plots/*.csv     (dvc plots show → dvc_plots/index.html)",
         f"model:    {cfg.paths.train}/model.pt",
     ]
