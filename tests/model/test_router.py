@@ -36,12 +36,16 @@ def test_z_loss_is_the_squared_log_partition():
     assert router_z_loss(logits).item() == pytest.approx(expected)
 
 
-def test_linear_router_top_k_and_renormalized_weights():
+def route(num_experts: int, top_k: int, tokens: int):
+    """A seeded linear router on random tokens: (router, its output, the reference softmax probabilities)."""
     torch.manual_seed(0)
-    router = LinearRouter(d_model=8, num_experts=5, top_k=2)
-    x = torch.randn(30, 8)
-    out = router(x)
-    probs = (x @ router.proj.weight.t()).softmax(-1)
+    router = LinearRouter(d_model=8, num_experts=num_experts, top_k=top_k)
+    x = torch.randn(tokens, 8)
+    return router, router(x), (x @ router.proj.weight.t()).softmax(-1)
+
+
+def test_linear_router_top_k_and_renormalized_weights():
+    _, out, probs = route(num_experts=5, top_k=2, tokens=30)
     assert torch.equal(out.topk_ids_TK, probs.topk(2, dim=-1).indices)
     torch.testing.assert_close(out.topk_weights_TK.sum(-1), torch.ones(30))
     chosen = probs.gather(1, out.topk_ids_TK)
@@ -56,11 +60,7 @@ def test_unknown_router_type_names_the_key():
 
 
 def test_top1_keeps_the_raw_probability_so_the_router_learns_from_the_lm_loss():
-    torch.manual_seed(0)
-    router = LinearRouter(d_model=8, num_experts=4, top_k=1)
-    x = torch.randn(20, 8)
-    out = router(x)
-    probs = (x @ router.proj.weight.t()).softmax(-1)
+    router, out, probs = route(num_experts=4, top_k=1, tokens=20)
     torch.testing.assert_close(out.topk_weights_TK[:, 0], probs.max(-1).values)
     out.topk_weights_TK.sum().backward()
     assert router.proj.weight.grad.abs().sum() > 0
