@@ -35,6 +35,7 @@ STAGES: dict[str, Stage] = {
     "evaluate": Stage("zaya_pipeline.eval.evaluate:evaluate", "held-out loss, perplexity, bits-per-byte"),
     "register": Stage("zaya_pipeline.registry.register:register", "log and register the model in MLflow"),
     "summary": Stage("zaya_pipeline.summary:summary", "print where the metrics, plots and model are"),
+    "model-info": Stage("zaya_pipeline.model.params:model_info", "parameter counts and FLOPs/token as JSON"),
 }
 PARAMS_HELP = "compose conf/ (+ overrides) into params.yaml, as `dvc exp run` does"
 

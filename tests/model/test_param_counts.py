@@ -1,12 +1,16 @@
-"""Closed-form parameter counts equal the instantiated module's."""
+"""Closed-form parameter counts and FLOPs per token equal the instantiated module's."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import torch
 from model_cfgs import small_config
 
 from zaya_pipeline.config import MoEConfig
 from zaya_pipeline.model import ZayaLM, num_active_params, num_params
+from zaya_pipeline.model.params import forward_flops_per_token, model_info
 
 CONFIGS = [
     small_config(),
@@ -49,3 +53,29 @@ def test_untied_head_adds_one_embedding_matrix():
     tied, untied = small_config(), small_config(tie_embeddings=False)
     assert num_params(untied) - num_params(tied) == tied.vocab_size * tied.d_model
     assert num_params(untied, include_embedding=False) == num_params(tied, include_embedding=False)
+
+
+@pytest.mark.parametrize(
+    "cfg", CONFIGS, ids=lambda c: f"V{c.vocab_size}-tie{c.tie_embeddings}-E{c.moe.num_experts}"
+)
+def test_closed_form_forward_flops_match_torch_flop_counter(cfg):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, B, T = ZayaLM(cfg), 3, cfg.max_seq_len
+    ids = torch.randint(0, cfg.vocab_size, (B, T))
+    # the math backend runs attention as matmuls the counter sees (the fused CPU kernel is not counted)
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(ids)
+    assert counter.get_total_flops() == B * T * forward_flops_per_token(cfg, seq_len=T)
+
+
+def test_model_info_prints_json_for_a_preset_without_building_it(capsys):
+    from zaya_pipeline.config import load_config
+
+    cfg = load_config(["model=tiny"])
+    model_info(cfg)
+    info = json.loads(capsys.readouterr().out)
+    assert info["vocab_size"] % cfg.tokenizer.pad_to_multiple == 0 and info["vocab_size"] >= 4096
+    assert info["params_active"] < info["params_total"]
+    assert info["train_flops_per_token"] == 3 * info["forward_flops_per_token"]

@@ -1,10 +1,14 @@
-"""Closed-form parameter counts of ``ZayaLM`` (a test checks them against the instantiated module).
+"""Closed-form parameter counts and FLOPs per token of ``ZayaLM`` (tests check both against the module:
+the parameter counts against its tensors, the FLOPs against ``torch.utils.flop_counter``).
 
 ``include_embedding=False`` leaves out the token embedding and, when untied, the output projection.
 "Active" parameters are those one token uses: top_k of the num_experts experts, everything else in full.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import json
 
 from zaya_pipeline.config import ModelConfig
 
@@ -27,3 +31,42 @@ def num_params(cfg: ModelConfig, include_embedding: bool = True) -> int:
 
 def num_active_params(cfg: ModelConfig, include_embedding: bool = True) -> int:
     return _count(cfg, cfg.moe.top_k, include_embedding)
+
+
+def matmul_params_per_token(cfg: ModelConfig) -> int:
+    """Weights one token multiplies by: active non-embedding weights less the norms, plus the unembedding."""
+    norms = cfg.n_layers * 2 * cfg.d_model + cfg.d_model
+    return num_active_params(cfg, include_embedding=False) - norms + cfg.vocab_size * cfg.d_model
+
+
+def forward_flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> int:
+    """Forward FLOPs per token at context ``seq_len`` (default ``max_seq_len``), closed form.
+
+    ``2 x`` the matmul weights a token uses (active experts only) plus the attention core, counted as dense
+    ``Q K^T`` and ``A V`` over the whole context (``4 T D`` per layer, no causal discount): the convention of
+    the PaLM MFU formula, so that training FLOPs are ``3 x`` this.
+    """
+    T = cfg.max_seq_len if seq_len is None else seq_len
+    return 2 * matmul_params_per_token(cfg) + 4 * cfg.n_layers * T * cfg.d_model
+
+
+def model_info(cfg) -> dict:
+    """``zaya model-info model=<preset>``: sizes and FLOPs of the model config as JSON (no weights built)."""
+    m = cfg.model
+    if m.vocab_size <= 0:  # 0 = the tokenizer's: its target size padded as the tokenizer stage pads it
+        multiple = cfg.tokenizer.pad_to_multiple
+        m = dataclasses.replace(m, vocab_size=-(-cfg.tokenizer.vocab_size // multiple) * multiple)
+    fwd = forward_flops_per_token(m)
+    info = {
+        "name": m.name,
+        "vocab_size": m.vocab_size,
+        "params_total": num_params(m),
+        "params_active": num_active_params(m),
+        "params_total_non_embedding": num_params(m, include_embedding=False),
+        "params_active_non_embedding": num_active_params(m, include_embedding=False),
+        "seq_len": m.max_seq_len,
+        "forward_flops_per_token": fwd,
+        "train_flops_per_token": 3 * fwd,
+    }
+    print(json.dumps(info, indent=2))
+    return {}
