@@ -96,9 +96,13 @@ class TokenizerConfig:
 
 @dataclass
 class RouterConfig:
-    type: str = "linear"  # "linear": softmax over a linear projection (ZAYA1 router: the model issue)
+    type: str = "linear"  # "linear": softmax(x W); "zaya1": down-proj + EDA + RMSNorm + 3-layer MLP + bias
     aux_loss_coef: float = 0.01  # Switch-style load-balancing loss weight
     z_loss_coef: float = 0.001  # router z-loss weight (keeps logits small)
+    dim: int = 256  # zaya1: width the residual stream is down-projected to
+    eda: bool = True  # zaya1: exponential depth averaging (add the previous layer's router state, scaled)
+    bias_p_gain: float = 0.01  # zaya1: balancing-bias controller, gain on each expert's relative load error
+    bias_i_gain: float = 0.0  # zaya1: gain on the accumulated (integral) load error
 
 
 @dataclass

@@ -8,7 +8,7 @@ import pytest
 import torch
 from model_cfgs import small_config
 
-from zaya_pipeline.config import MoEConfig
+from zaya_pipeline.config import MoEConfig, RouterConfig
 from zaya_pipeline.model import ZayaLM, num_active_params, num_params
 from zaya_pipeline.model.params import forward_flops_per_token, model_info
 
@@ -19,7 +19,14 @@ CONFIGS = [
     small_config(
         vocab_size=257, tie_embeddings=False, moe=MoEConfig(num_experts=2, top_k=2, expert_hidden=8)
     ),
+    small_config(
+        moe=MoEConfig(num_experts=4, top_k=1, expert_hidden=16, router=RouterConfig("zaya1", dim=8))
+    ),
+    small_config(
+        moe=MoEConfig(num_experts=3, top_k=2, expert_hidden=8, router=RouterConfig("zaya1", dim=4, eda=False))
+    ),
 ]
+IDS = lambda c: f"V{c.vocab_size}-tie{c.tie_embeddings}-E{c.moe.num_experts}-{c.moe.router.type}"  # noqa: E731
 
 
 def measured(model: ZayaLM, include_embedding: bool) -> tuple[float, float]:
@@ -38,9 +45,7 @@ def measured(model: ZayaLM, include_embedding: bool) -> tuple[float, float]:
     return total, active
 
 
-@pytest.mark.parametrize(
-    "cfg", CONFIGS, ids=lambda c: f"V{c.vocab_size}-tie{c.tie_embeddings}-E{c.moe.num_experts}"
-)
+@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
 @pytest.mark.parametrize("include_embedding", [True, False])
 def test_closed_form_matches_module(cfg, include_embedding):
     model = ZayaLM(cfg)
@@ -55,9 +60,7 @@ def test_untied_head_adds_one_embedding_matrix():
     assert num_params(untied, include_embedding=False) == num_params(tied, include_embedding=False)
 
 
-@pytest.mark.parametrize(
-    "cfg", CONFIGS, ids=lambda c: f"V{c.vocab_size}-tie{c.tie_embeddings}-E{c.moe.num_experts}"
-)
+@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
 def test_closed_form_forward_flops_match_torch_flop_counter(cfg):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode

@@ -7,7 +7,13 @@ import torch
 
 from zaya_pipeline.config import MoEConfig, RouterConfig
 from zaya_pipeline.errors import ConfigError
-from zaya_pipeline.model.router import LinearRouter, build_router, load_balancing_loss, router_z_loss
+from zaya_pipeline.model.router import (
+    LinearRouter,
+    Zaya1Router,
+    build_router,
+    load_balancing_loss,
+    router_z_loss,
+)
 
 
 def test_balanced_routing_gives_the_minimum_of_one():
@@ -64,3 +70,82 @@ def test_top1_keeps_the_raw_probability_so_the_router_learns_from_the_lm_loss():
     torch.testing.assert_close(out.topk_weights_TK[:, 0], probs.max(-1).values)
     out.topk_weights_TK.sum().backward()
     assert router.proj.weight.grad.abs().sum() > 0
+
+
+def zaya1(num_experts: int = 4, top_k: int = 1, d_model: int = 16, **router) -> Zaya1Router:
+    torch.manual_seed(0)
+    cfg = RouterConfig(type="zaya1", dim=32, **router)
+    r = Zaya1Router(d_model, num_experts, top_k, cfg)
+    r.reset_parameters(std=0.2)
+    return r
+
+
+def test_zaya1_selects_with_the_bias_but_gates_without_it():
+    router = zaya1()
+    x = torch.randn(50, 16)
+    free = router(x)
+    with torch.no_grad():
+        router.expert_bias_E[2] = 10.0  # no probability can beat this: every token picks expert 2
+    biased = router(x)
+    assert (biased.topk_ids_TK == 2).all() and not (free.topk_ids_TK == 2).all()
+    probs = router.mlp(router.norm(router.down(x))).softmax(-1)
+    torch.testing.assert_close(biased.topk_weights_TK[:, 0], probs[:, 2])  # the unbiased probability
+    biased.topk_weights_TK.sum().backward()
+    assert router.mlp[4].weight.grad.abs().sum() > 0 and router.expert_bias_E.grad is None
+
+
+def test_zaya1_bias_controller_drives_a_skewed_load_toward_uniform():
+    router = zaya1(num_experts=4, bias_p_gain=0.05, bias_i_gain=0.001)
+    with torch.no_grad():  # GELU outputs are mostly positive: a positive row makes expert 0 win almost always
+        router.mlp[4].weight[0] = 0.3
+    x = torch.randn(256, 16)
+    ratios = []
+    for _ in range(150):
+        counts = router(x).num_tokens_per_expert_E.float()
+        ratios.append((counts.max() / counts.mean()).item())
+        router.update_bias()
+    assert ratios[0] > 3.0, "the synthetic load should start skewed"
+    assert max(ratios[-10:]) < 1.5 and ratios[-1] < ratios[0] / 2
+    assert router.expert_bias_E[0] < 0 < router.expert_bias_E[1:].min()
+
+
+def test_zaya1_bias_update_uses_only_training_loads_and_lives_in_the_state_dict():
+    router = zaya1()
+    router.eval()
+    router(torch.randn(20, 16))
+    router.update_bias()  # nothing routed in training mode: no change
+    assert torch.equal(router.expert_bias_E, torch.zeros(4))
+    router.train()
+    router(torch.randn(20, 16))
+    router.update_bias()
+    assert router.expert_bias_E.abs().sum() > 0 and router.pending_counts_E.sum() == 0
+    keys = set(router.state_dict())
+    assert {"expert_bias_E", "load_error_integral_E"} <= keys and "pending_counts_E" not in keys
+
+
+def test_zaya1_eda_adds_the_previous_layers_state():
+    x, prev = torch.randn(10, 16), torch.randn(10, 32)
+    with_eda, without = zaya1(), zaya1(eda=False)
+    torch.testing.assert_close(with_eda(x, prev).state_TR, with_eda(x).state_TR)  # the scale starts at 0
+    with torch.no_grad():
+        with_eda.eda_scale_R.fill_(0.5)
+    torch.testing.assert_close(with_eda(x, prev).state_TR, with_eda(x).state_TR + 0.5 * prev)
+    torch.testing.assert_close(without(x, prev).state_TR, without(x).state_TR)
+
+
+def test_zaya1_router_state_flows_from_layer_to_layer_in_the_model():
+    from model_cfgs import small_config
+
+    from zaya_pipeline.model import ZayaLM
+
+    cfg = small_config(
+        n_layers=3,
+        moe=MoEConfig(num_experts=4, top_k=1, expert_hidden=16, router=RouterConfig(type="zaya1", dim=8)),
+    )
+    model = ZayaLM(cfg)
+    seen = []
+    for block in model.blocks:
+        block.moe.router.register_forward_hook(lambda mod, args, out: seen.append((args[1], out.state_TR)))
+    model(torch.randint(0, cfg.vocab_size, (2, 5)))
+    assert seen[0][0] is None
+    assert seen[1][0] is seen[0][1] and seen[2][0] is seen[1][1]

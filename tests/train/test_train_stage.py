@@ -137,3 +137,29 @@ def test_bad_lengths_and_missing_tokens(tmp_path, token_dir):
         train(debug_config(tmp_path, token_dir, "train.seq_len=256"))
     with pytest.raises(DataError, match="tokenize"):
         train(debug_config(tmp_path, tmp_path / "nowhere"))
+
+
+def test_zaya1_router_biases_move_once_per_optimizer_step_and_are_saved(tmp_path, token_dir, monkeypatch):
+    from zaya_pipeline.model import ZayaLM
+
+    calls = []
+    update = ZayaLM.update_router_biases
+    monkeypatch.setattr(ZayaLM, "update_router_biases", lambda self: (calls.append(1), update(self)))
+    steps = 6
+    cfg = debug_config(
+        tmp_path,
+        token_dir,
+        f"train.max_steps={steps}",
+        "train.val_every=3",
+        "train.log_every=3",
+        "train.optim.warmup_steps=2",
+        "model.moe.router.type=zaya1",
+        "model.moe.router.dim=16",
+        "model.moe.router.aux_loss_coef=0.0",
+        "model.moe.router.bias_i_gain=0.01",
+    )
+    train(cfg)
+    model, _ = load_model(tmp_path / "train" / "model.pt")
+    router = model.blocks[0].moe.router
+    assert len(calls) == steps
+    assert router.expert_bias_E.abs().sum() > 0 and router.load_error_integral_E.abs().sum() > 0

@@ -23,6 +23,7 @@ class MoEOutput:
     y_BTD: torch.Tensor
     aux_loss: torch.Tensor  # router aux + z losses, already weighted by their coefficients
     num_tokens_per_expert_E: torch.Tensor
+    router_state_TR: torch.Tensor | None = None  # passed to the next layer's router (EDA)
 
 
 class MoE(nn.Module):
@@ -41,9 +42,9 @@ class MoE(nn.Module):
         self.w_gate_up_EDF2 = nn.Parameter(torch.empty(E, D, 2 * F))
         self.w_down_EFD = nn.Parameter(torch.empty(E, F, D))
 
-    def forward(self, x_BTD: torch.Tensor) -> MoEOutput:
+    def forward(self, x_BTD: torch.Tensor, router_state_TR: torch.Tensor | None = None) -> MoEOutput:
         x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
-        routed = self.router(x_TD)
+        routed = self.router(x_TD, router_state_TR)
         y_TD = expert_mlp(
             x_TD,
             routed.topk_ids_TK,
@@ -53,4 +54,4 @@ class MoE(nn.Module):
             backend=self.backend,
         )
         aux = self.aux_loss_coef * routed.aux_loss + self.z_loss_coef * routed.z_loss
-        return MoEOutput(y_TD.view_as(x_BTD), aux, routed.num_tokens_per_expert_E)
+        return MoEOutput(y_TD.view_as(x_BTD), aux, routed.num_tokens_per_expert_E, routed.state_TR)

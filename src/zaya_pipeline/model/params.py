@@ -13,11 +13,20 @@ import json
 from zaya_pipeline.config import ModelConfig
 
 
+def router_params(cfg: ModelConfig) -> tuple[int, int]:
+    """(all router parameters, those in matmuls) of one layer."""
+    D, E, r = cfg.d_model, cfg.moe.num_experts, cfg.moe.router
+    if r.type != "zaya1":
+        return D * E, D * E
+    matmul = D * r.dim + 2 * r.dim * r.dim + r.dim * E  # down-projection, MLP (R x R, R x R, R x E)
+    return matmul + r.dim * (1 + int(r.eda)), matmul  # + router RMSNorm weight, EDA scale
+
+
 def _count(cfg: ModelConfig, experts_used: int, include_embedding: bool) -> int:
-    D, F, E = cfg.d_model, cfg.moe.expert_hidden, cfg.moe.num_experts
+    D, F = cfg.d_model, cfg.moe.expert_hidden
     attention = 4 * D * D  # fused qkv (3 D x D) + output projection (D x D)
     norms = 2 * D  # pre-attention and pre-MoE RMSNorm weights
-    router = D * E
+    router = router_params(cfg)[0]
     experts = experts_used * 3 * D * F  # gate + up (D x 2F) and down (F x D) per expert
     total = cfg.n_layers * (attention + norms + router + experts) + D  # + final norm
     if include_embedding:
@@ -34,9 +43,10 @@ def num_active_params(cfg: ModelConfig, include_embedding: bool = True) -> int:
 
 
 def matmul_params_per_token(cfg: ModelConfig) -> int:
-    """Weights one token multiplies by: active non-embedding weights less the norms, plus the unembedding."""
-    norms = cfg.n_layers * 2 * cfg.d_model + cfg.d_model
-    return num_active_params(cfg, include_embedding=False) - norms + cfg.vocab_size * cfg.d_model
+    """Weights a token multiplies by: active non-embedding weights less norms and scales, plus unembedding."""
+    router_total, router_matmul = router_params(cfg)
+    not_matmul = cfg.n_layers * (2 * cfg.d_model + router_total - router_matmul) + cfg.d_model
+    return num_active_params(cfg, include_embedding=False) - not_matmul + cfg.vocab_size * cfg.d_model
 
 
 def forward_flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> int:

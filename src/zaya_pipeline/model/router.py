@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from zaya_pipeline.config import MoEConfig
+from zaya_pipeline.config import MoEConfig, RouterConfig
 from zaya_pipeline.errors import ConfigError
 
-ROUTER_TYPES = ("linear",)
+ROUTER_TYPES = ("linear", "zaya1")
 
 
 @dataclass
@@ -24,6 +24,7 @@ class RouterOutput:
     aux_loss: torch.Tensor  # unweighted load-balancing loss (1.0 at perfectly uniform routing)
     z_loss: torch.Tensor  # unweighted router z-loss
     num_tokens_per_expert_E: torch.Tensor  # routed (token, slot) pairs per expert, detached
+    state_TR: torch.Tensor | None = None  # zaya1: this layer's router state, the next layer's EDA input
 
 
 def load_balancing_loss(probs_TE: torch.Tensor, topk_ids_TK: torch.Tensor) -> torch.Tensor:
@@ -53,22 +54,95 @@ class LinearRouter(nn.Module):
         self.top_k = top_k
         self.proj = nn.Linear(d_model, num_experts, bias=False)
 
-    def forward(self, x_TD: torch.Tensor) -> RouterOutput:
+    def reset_parameters(self, std: float) -> None:
+        nn.init.normal_(self.proj.weight, std=std)
+
+    def forward(self, x_TD: torch.Tensor, prev_state_TR: torch.Tensor | None = None) -> RouterOutput:
         # Routing decisions in fp32: bf16 ties and rounding would make top-k unstable.
         logits_TE = self.proj(x_TD).float()
         probs_TE = logits_TE.softmax(dim=-1)
-        topk_probs_TK, topk_ids_TK = probs_TE.topk(self.top_k, dim=-1)
-        topk_weights_TK = topk_probs_TK
-        if self.top_k > 1:
-            topk_weights_TK = topk_probs_TK / topk_probs_TK.sum(dim=-1, keepdim=True)
+        topk_ids_TK = probs_TE.topk(self.top_k, dim=-1).indices
         counts_E = torch.bincount(topk_ids_TK.reshape(-1), minlength=self.num_experts)
         return RouterOutput(
             topk_ids_TK=topk_ids_TK,
-            topk_weights_TK=topk_weights_TK,
+            topk_weights_TK=_gates(probs_TE, topk_ids_TK),
             aux_loss=load_balancing_loss(probs_TE, topk_ids_TK),
             z_loss=router_z_loss(logits_TE),
             num_tokens_per_expert_E=counts_E.detach(),
         )
+
+
+def _gates(probs_TE: torch.Tensor, topk_ids_TK: torch.Tensor) -> torch.Tensor:
+    """Gate weights from the (unbiased) probabilities: raw with one expert, renormalized over K > 1."""
+    chosen_TK = probs_TE.gather(1, topk_ids_TK)
+    return chosen_TK if chosen_TK.shape[1] == 1 else chosen_TK / chosen_TK.sum(dim=-1, keepdim=True)
+
+
+class Zaya1Router(nn.Module):
+    """The ZAYA1 router: down-projection, EDA, RMSNorm, Linear-GELU-Linear-GELU-Linear, softmax.
+
+    Experts are SELECTED on ``probs + expert_bias`` (a buffer with no gradient) and GATED by the unbiased
+    probabilities (aux-loss-free balancing, as in DeepSeek-V3). ``update_bias()`` runs once per optimizer
+    step: a PI controller on each expert's relative load error since the last update raises the bias of
+    under-loaded experts and lowers it for over-loaded ones. The bias and the integral are buffers, so they
+    are saved in checkpoints.
+    """
+
+    def __init__(self, d_model: int, num_experts: int, top_k: int, cfg: RouterConfig, eps: float = 1e-5):
+        super().__init__()
+        R, E = cfg.dim, num_experts
+        self.num_experts, self.top_k = E, top_k
+        self.p_gain, self.i_gain = cfg.bias_p_gain, cfg.bias_i_gain
+        self.down = nn.Linear(d_model, R, bias=False)
+        self.eda_scale_R = nn.Parameter(torch.zeros(R)) if cfg.eda else None
+        self.norm = nn.RMSNorm(R, eps=eps)
+        self.mlp = nn.Sequential(
+            nn.Linear(R, R, bias=False),
+            nn.GELU(),
+            nn.Linear(R, R, bias=False),
+            nn.GELU(),
+            nn.Linear(R, E, bias=False),
+        )
+        self.register_buffer("expert_bias_E", torch.zeros(E))
+        self.register_buffer("load_error_integral_E", torch.zeros(E))
+        self.register_buffer("pending_counts_E", torch.zeros(E), persistent=False)
+
+    def reset_parameters(self, std: float) -> None:
+        for linear in (self.down, self.mlp[0], self.mlp[2], self.mlp[4]):
+            nn.init.normal_(linear.weight, std=std)
+        if self.eda_scale_R is not None:
+            nn.init.zeros_(self.eda_scale_R)
+
+    def forward(self, x_TD: torch.Tensor, prev_state_TR: torch.Tensor | None = None) -> RouterOutput:
+        h_TR = self.down(x_TD)
+        if self.eda_scale_R is not None and prev_state_TR is not None:
+            h_TR = h_TR + self.eda_scale_R * prev_state_TR
+        logits_TE = self.mlp(self.norm(h_TR)).float()
+        probs_TE = logits_TE.softmax(dim=-1)
+        topk_ids_TK = (probs_TE.detach() + self.expert_bias_E).topk(self.top_k, dim=-1).indices
+        counts_E = torch.bincount(topk_ids_TK.reshape(-1), minlength=self.num_experts).detach()
+        if self.training:
+            self.pending_counts_E += counts_E
+        return RouterOutput(
+            topk_ids_TK=topk_ids_TK,
+            topk_weights_TK=_gates(probs_TE, topk_ids_TK),
+            aux_loss=load_balancing_loss(probs_TE, topk_ids_TK),
+            z_loss=router_z_loss(logits_TE),
+            num_tokens_per_expert_E=counts_E,
+            state_TR=h_TR,
+        )
+
+    @torch.no_grad()
+    def update_bias(self) -> None:
+        """One controller step on the loads routed since the last call (no-op if nothing was routed)."""
+        total = self.pending_counts_E.sum()
+        if total == 0:
+            return
+        mean = total / self.num_experts
+        error_E = (mean - self.pending_counts_E) / mean  # > 0: under-loaded, raise its bias
+        self.load_error_integral_E += error_E
+        self.expert_bias_E += self.p_gain * error_E + self.i_gain * self.load_error_integral_E
+        self.pending_counts_E.zero_()
 
 
 def build_router(d_model: int, cfg: MoEConfig) -> nn.Module:
@@ -76,4 +150,8 @@ def build_router(d_model: int, cfg: MoEConfig) -> nn.Module:
         raise ConfigError(
             f"model.moe.router.type: unknown router {cfg.router.type!r}; choose one of {list(ROUTER_TYPES)}"
         )
+    if cfg.router.type == "zaya1":
+        if cfg.router.dim < 1:
+            raise ConfigError(f"model.moe.router.dim must be >= 1, got {cfg.router.dim}")
+        return Zaya1Router(d_model, cfg.num_experts, cfg.top_k, cfg.router)
     return LinearRouter(d_model, cfg.num_experts, cfg.top_k)

@@ -17,7 +17,7 @@ from torch import nn
 from zaya_pipeline.config import ModelConfig
 from zaya_pipeline.errors import ConfigError
 from zaya_pipeline.model.attention import CausalSelfAttention
-from zaya_pipeline.model.moe import MoE
+from zaya_pipeline.model.moe import MoE, MoEOutput
 
 
 @dataclass
@@ -48,10 +48,12 @@ class Block(nn.Module):
         self.moe_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.moe = MoE(cfg.d_model, cfg.moe)
 
-    def forward(self, x_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x_BTD: torch.Tensor, router_state_TR: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, MoEOutput]:
         x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD))
-        moe = self.moe(self.moe_norm(x_BTD))
-        return x_BTD + moe.y_BTD, moe.aux_loss, moe.num_tokens_per_expert_E
+        moe = self.moe(self.moe_norm(x_BTD), router_state_TR)
+        return x_BTD + moe.y_BTD, moe
 
 
 class ZayaLM(nn.Module):
@@ -77,12 +79,19 @@ class ZayaLM(nn.Module):
         for block in self.blocks:
             nn.init.normal_(block.attn.qkv.weight, std=std)
             nn.init.normal_(block.attn.out.weight, std=out_std)
-            nn.init.normal_(block.moe.router.proj.weight, std=std)
+            block.moe.router.reset_parameters(std)
             nn.init.normal_(block.moe.w_gate_up_EDF2, std=std)
             nn.init.normal_(block.moe.w_down_EFD, std=out_std)
         for module in self.modules():
             if isinstance(module, nn.RMSNorm):
                 nn.init.ones_(module.weight)
+
+    @torch.no_grad()
+    def update_router_biases(self) -> None:
+        """Once per optimizer step: the balancing-bias controller of every router that has one."""
+        for block in self.blocks:
+            if hasattr(block.moe.router, "update_bias"):
+                block.moe.router.update_bias()
 
     def forward(self, input_ids_BT: torch.Tensor) -> LMOutput:
         seq_len = input_ids_BT.shape[1]
@@ -91,11 +100,12 @@ class ZayaLM(nn.Module):
                 f"input of {seq_len} tokens is longer than model.max_seq_len={self.cfg.max_seq_len}"
             )
         x_BTD = self.embed(input_ids_BT)
-        aux_losses, counts = [], []
+        aux_losses, counts, router_state_TR = [], [], None
         for block in self.blocks:
-            x_BTD, aux, counts_E = block(x_BTD)
-            aux_losses.append(aux)
-            counts.append(counts_E)
+            x_BTD, moe = block(x_BTD, router_state_TR)
+            aux_losses.append(moe.aux_loss)
+            counts.append(moe.num_tokens_per_expert_E)
+            router_state_TR = moe.router_state_TR
         h_BTD = self.final_norm(x_BTD)
         weight_VD = self.embed.weight if self.lm_head is None else self.lm_head.weight
         logits_BTV = h_BTD @ weight_VD.t()

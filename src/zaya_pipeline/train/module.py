@@ -41,6 +41,10 @@ class ZayaLitModule(L.LightningModule):
         ce = lm_loss(self.model(batch["input_ids"]).logits, batch["labels"])
         return {"ce": ce, "tokens": batch["labels"].numel()}
 
+    def optimizer_step(self, *args, **kwargs) -> None:
+        super().optimizer_step(*args, **kwargs)
+        self.model.update_router_biases()  # once per optimizer step, after the weights moved
+
     def configure_optimizers(self) -> dict:
         optimizer = build_optimizer(self.model, self.train_cfg.optim)
         scheduler = build_scheduler(optimizer, self.train_cfg.optim, self.train_cfg.max_steps)
