@@ -126,6 +126,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     tie_embeddings: bool = True
+    residual_scaling: bool = False  # ZAYA1: learnable per-channel scale + bias on residual and block output
     moe: MoEConfig = field(default_factory=MoEConfig)
 
 

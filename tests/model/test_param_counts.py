@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -26,7 +27,10 @@ CONFIGS = [
         moe=MoEConfig(num_experts=3, top_k=2, expert_hidden=8, router=RouterConfig("zaya1", dim=4, eda=False))
     ),
 ]
-IDS = lambda c: f"V{c.vocab_size}-tie{c.tie_embeddings}-E{c.moe.num_experts}-{c.moe.router.type}"  # noqa: E731
+CONFIGS.append(dataclasses.replace(CONFIGS[-1], residual_scaling=True))
+IDS = lambda c: (  # noqa: E731
+    f"V{c.vocab_size}-tie{c.tie_embeddings}-E{c.moe.num_experts}-{c.moe.router.type}-rs{c.residual_scaling}"
+)
 
 
 def measured(model: ZayaLM, include_embedding: bool) -> tuple[float, float]:

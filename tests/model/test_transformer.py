@@ -96,3 +96,19 @@ def test_debug_model_overfits_one_batch():
         (loss + out.aux_loss).backward()
         opt.step()
     assert loss.item() < 0.05
+
+
+def test_residual_scaling_starts_as_the_plain_residual_and_learns(cfg):
+    torch.manual_seed(0)
+    plain = ZayaLM(cfg)
+    torch.manual_seed(0)
+    scaled = ZayaLM(dataclasses.replace(cfg, residual_scaling=True))
+    ids = torch.randint(0, cfg.vocab_size, (2, 8))
+    torch.testing.assert_close(scaled(ids).logits, plain(ids).logits)  # scales 1, biases 0 at init
+    scaled(ids).logits.square().mean().backward()
+    block = scaled.blocks[0]
+    for p in (block.attn_add.res_scale_D, block.attn_add.out_bias_D, block.moe_add.out_scale_D):
+        assert p.grad is not None and p.grad.abs().sum() > 0
+    with torch.no_grad():
+        block.moe_add.res_scale_D.fill_(0.5)
+    assert not torch.allclose(scaled(ids).logits, plain(ids).logits)

@@ -13,6 +13,11 @@ import json
 from zaya_pipeline.config import ModelConfig
 
 
+def per_layer_vectors(cfg: ModelConfig) -> int:
+    """Per-channel parameters of a layer outside its router: 2 RMSNorms (+ 2 x 4 residual-scaling vectors)."""
+    return cfg.d_model * (2 + (8 if cfg.residual_scaling else 0))
+
+
 def router_params(cfg: ModelConfig) -> tuple[int, int]:
     """(all router parameters, those in matmuls) of one layer."""
     D, E, r = cfg.d_model, cfg.moe.num_experts, cfg.moe.router
@@ -25,7 +30,7 @@ def router_params(cfg: ModelConfig) -> tuple[int, int]:
 def _count(cfg: ModelConfig, experts_used: int, include_embedding: bool) -> int:
     D, F = cfg.d_model, cfg.moe.expert_hidden
     attention = 4 * D * D  # fused qkv (3 D x D) + output projection (D x D)
-    norms = 2 * D  # pre-attention and pre-MoE RMSNorm weights
+    norms = per_layer_vectors(cfg)
     router = router_params(cfg)[0]
     experts = experts_used * 3 * D * F  # gate + up (D x 2F) and down (F x D) per expert
     total = cfg.n_layers * (attention + norms + router + experts) + D  # + final norm
@@ -45,7 +50,7 @@ def num_active_params(cfg: ModelConfig, include_embedding: bool = True) -> int:
 def matmul_params_per_token(cfg: ModelConfig) -> int:
     """Weights a token multiplies by: active non-embedding weights less norms and scales, plus unembedding."""
     router_total, router_matmul = router_params(cfg)
-    not_matmul = cfg.n_layers * (2 * cfg.d_model + router_total - router_matmul) + cfg.d_model
+    not_matmul = cfg.n_layers * (per_layer_vectors(cfg) + router_total - router_matmul) + cfg.d_model
     return num_active_params(cfg, include_embedding=False) - not_matmul + cfg.vocab_size * cfg.d_model
 
 

@@ -40,20 +40,47 @@ def validate_model_config(cfg: ModelConfig) -> None:
         raise ConfigError(f"model.max_seq_len must be >= 1, got {cfg.max_seq_len}")
 
 
+class ResidualAdd(nn.Module):
+    """``x + f`` (plain), or with residual scaling ``(a_r * x + b_r) + (a_o * f + b_o)``: learnable
+    per-channel scales (init 1) and biases (init 0) on the residual stream and on the sub-block's output."""
+
+    def __init__(self, d_model: int, scaled: bool):
+        super().__init__()
+        self.scaled = scaled
+        if scaled:
+            self.res_scale_D = nn.Parameter(torch.ones(d_model))
+            self.res_bias_D = nn.Parameter(torch.zeros(d_model))
+            self.out_scale_D = nn.Parameter(torch.ones(d_model))
+            self.out_bias_D = nn.Parameter(torch.zeros(d_model))
+
+    def reset_parameters(self) -> None:
+        if self.scaled:
+            for scale, bias in ((self.res_scale_D, self.res_bias_D), (self.out_scale_D, self.out_bias_D)):
+                nn.init.ones_(scale)
+                nn.init.zeros_(bias)
+
+    def forward(self, x_BTD: torch.Tensor, f_BTD: torch.Tensor) -> torch.Tensor:
+        if not self.scaled:
+            return x_BTD + f_BTD
+        return (self.res_scale_D * x_BTD + self.res_bias_D) + (self.out_scale_D * f_BTD + self.out_bias_D)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.attn = CausalSelfAttention(cfg.d_model, cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
+        self.attn_add = ResidualAdd(cfg.d_model, cfg.residual_scaling)
         self.moe_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.moe = MoE(cfg.d_model, cfg.moe)
+        self.moe_add = ResidualAdd(cfg.d_model, cfg.residual_scaling)
 
     def forward(
         self, x_BTD: torch.Tensor, router_state_TR: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, MoEOutput]:
-        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD))
+        x_BTD = self.attn_add(x_BTD, self.attn(self.attn_norm(x_BTD)))
         moe = self.moe(self.moe_norm(x_BTD), router_state_TR)
-        return x_BTD + moe.y_BTD, moe
+        return self.moe_add(x_BTD, moe.y_BTD), moe
 
 
 class ZayaLM(nn.Module):
@@ -80,6 +107,8 @@ class ZayaLM(nn.Module):
             nn.init.normal_(block.attn.qkv.weight, std=std)
             nn.init.normal_(block.attn.out.weight, std=out_std)
             block.moe.router.reset_parameters(std)
+            block.attn_add.reset_parameters()
+            block.moe_add.reset_parameters()
             nn.init.normal_(block.moe.w_gate_up_EDF2, std=std)
             nn.init.normal_(block.moe.w_down_EFD, std=out_std)
         for module in self.modules():
