@@ -82,6 +82,11 @@ def write_json(path: str | Path, data: Any) -> Path:
     return path
 
 
+def round_up(n: int, multiple: int) -> int:
+    """The smallest multiple of ``multiple`` that is >= ``n`` (vocabulary padding)."""
+    return -(-n // multiple) * multiple
+
+
 def read_json(path: str | Path) -> Any:
     with open(path) as f:
         return json.load(f)

@@ -28,9 +28,13 @@ CONFIGS = [
     ),
 ]
 CONFIGS.append(dataclasses.replace(CONFIGS[-1], residual_scaling=True))
-IDS = lambda c: (  # noqa: E731
-    f"V{c.vocab_size}-tie{c.tie_embeddings}-E{c.moe.num_experts}-{c.moe.router.type}-rs{c.residual_scaling}"
-)
+
+
+def config_id(c) -> str:
+    moe = c.moe
+    return (
+        f"V{c.vocab_size}-tie{c.tie_embeddings}-E{moe.num_experts}-{moe.router.type}-rs{c.residual_scaling}"
+    )
 
 
 def measured(model: ZayaLM, include_embedding: bool) -> tuple[float, float]:
@@ -49,7 +53,7 @@ def measured(model: ZayaLM, include_embedding: bool) -> tuple[float, float]:
     return total, active
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
+@pytest.mark.parametrize("cfg", CONFIGS, ids=config_id)
 @pytest.mark.parametrize("include_embedding", [True, False])
 def test_closed_form_matches_module(cfg, include_embedding):
     model = ZayaLM(cfg)
@@ -64,7 +68,7 @@ def test_untied_head_adds_one_embedding_matrix():
     assert num_params(untied, include_embedding=False) == num_params(tied, include_embedding=False)
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
+@pytest.mark.parametrize("cfg", CONFIGS, ids=config_id)
 def test_closed_form_forward_flops_match_torch_flop_counter(cfg):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode

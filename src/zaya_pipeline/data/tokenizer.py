@@ -21,7 +21,15 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from zaya_pipeline.config import TokenizerConfig, ZayaConfig
 from zaya_pipeline.data.text_io import iter_documents
 from zaya_pipeline.errors import ConfigError, DataError
-from zaya_pipeline.utils import atomic_dir, get_logger, read_json, remove_outputs, set_project_env, write_json
+from zaya_pipeline.utils import (
+    atomic_dir,
+    get_logger,
+    read_json,
+    remove_outputs,
+    round_up,
+    set_project_env,
+    write_json,
+)
 
 log = get_logger("tokenizer")
 
@@ -133,7 +141,7 @@ def load_user_tokenizer(tcfg: TokenizerConfig) -> Tokenizer:
 
 def pad_vocab(tok: Tokenizer, multiple: int) -> int:
     """Append unused special tokens until the size is a multiple of ``multiple``; return how many."""
-    missing = -tok.get_vocab_size() % multiple
+    missing = round_up(tok.get_vocab_size(), multiple) - tok.get_vocab_size()
     vocab = tok.get_vocab(with_added_tokens=True)
     names: list[str] = []
     i = 0

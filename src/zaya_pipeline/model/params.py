@@ -11,6 +11,7 @@ import dataclasses
 import json
 
 from zaya_pipeline.config import ModelConfig
+from zaya_pipeline.utils import round_up
 
 
 def per_layer_vectors(cfg: ModelConfig) -> int:
@@ -69,8 +70,8 @@ def model_info(cfg) -> dict:
     """``zaya model-info model=<preset>``: sizes and FLOPs of the model config as JSON (no weights built)."""
     m = cfg.model
     if m.vocab_size <= 0:  # 0 = the tokenizer's: its target size padded as the tokenizer stage pads it
-        multiple = cfg.tokenizer.pad_to_multiple
-        m = dataclasses.replace(m, vocab_size=-(-cfg.tokenizer.vocab_size // multiple) * multiple)
+        vocab = round_up(cfg.tokenizer.vocab_size, cfg.tokenizer.pad_to_multiple)
+        m = dataclasses.replace(m, vocab_size=vocab)
     fwd = forward_flops_per_token(m)
     info = {
         "name": m.name,
