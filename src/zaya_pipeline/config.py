@@ -111,7 +111,26 @@ class MoEConfig:
     top_k: int = 2
     expert_hidden: int = 256  # SwiGLU intermediate width per expert (F)
     expert_backend: str = "loop"  # "loop" (torch reference); kernels plug in here later
+    skip_expert: bool = False  # an extra "no-op" choice: a token routed to it gets no expert output
+    skip_bias_init: float = -1.0  # initial balancing bias of the skip expert (zaya1 router)
+    capacity_factor: float = (
+        0.0  # 0 = dropless; > 0: each expert takes at most cf * T * K / E slots (training)
+    )
+    shared_expert_hidden: int = (
+        0  # > 0: a dense SwiGLU expert of this width that every token also goes through
+    )
     router: RouterConfig = field(default_factory=RouterConfig)
+
+
+@dataclass
+class AttentionConfig:
+    type: str = "gqa"  # "gqa": grouped-query attention (MHA when n_kv_heads = n_heads); "cca": CCGQA (ZAYA1)
+    n_heads: int = 4  # query heads
+    n_kv_heads: int = 0  # key/value heads; 0 = n_heads
+    head_dim: int = 0  # width of one head; 0 = d_model / n_heads
+    rope_fraction: float = 1.0  # share of each head's channels rotated by RoPE (ZAYA1: 0.5)
+    rope_theta: float = 10_000.0
+    conv_kernel: int = 2  # cca: kernel size (tokens) of the causal convolutions over q/k
 
 
 @dataclass
@@ -120,13 +139,12 @@ class ModelConfig:
     vocab_size: int = 0  # 0 = take the (padded) tokenizer vocabulary at train time
     d_model: int = 128
     n_layers: int = 4
-    n_heads: int = 4
     max_seq_len: int = 256  # RoPE table length (tokens)
-    rope_theta: float = 10_000.0
     norm_eps: float = 1e-5
     init_std: float = 0.02
     tie_embeddings: bool = True
     residual_scaling: bool = False  # ZAYA1: learnable per-channel scale + bias on residual and block output
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
     moe: MoEConfig = field(default_factory=MoEConfig)
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from zaya_pipeline.config import ModelConfig, MoEConfig, TokenizerConfig, ZayaConfig
+from zaya_pipeline.config import AttentionConfig, ModelConfig, MoEConfig, TokenizerConfig, ZayaConfig
 from zaya_pipeline.data.loader import PackedDataset
 from zaya_pipeline.data.tokenizer import pad_vocab, train_bpe
 from zaya_pipeline.errors import ConfigError, DataError
@@ -58,7 +58,7 @@ def workspace(tmp_path_factory) -> dict:
         vocab_size=vocab,
         d_model=32,
         n_layers=1,
-        n_heads=2,
+        attention=AttentionConfig(n_heads=2),
         max_seq_len=32,
         moe=MoEConfig(num_experts=2, top_k=1, expert_hidden=32),
     )

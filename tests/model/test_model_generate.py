@@ -2,15 +2,60 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_cfgs import small_config
+from model_cfgs import cca_config, small_config
 
+from zaya_pipeline.config import MoEConfig, RouterConfig
 from zaya_pipeline.model import ZayaLM, generate
 
+ZAYA1_MOE = MoEConfig(
+    num_experts=4, top_k=1, expert_hidden=16, skip_expert=True, router=RouterConfig("zaya1", dim=8)
+)
 
-@pytest.fixture
-def model() -> ZayaLM:
+
+@pytest.fixture(params=["gqa", "cca"])
+def model(request) -> ZayaLM:
     torch.manual_seed(0)
-    return ZayaLM(small_config(vocab_size=40)).eval()
+    cfg = small_config(vocab_size=40) if request.param == "gqa" else cca_config(vocab_size=40, moe=ZAYA1_MOE)
+    return ZayaLM(cfg).eval()
+
+
+def test_cached_prefill_and_decoding_equal_the_full_forward(model):
+    """Chunks of 5, 3, 1, 1, ... tokens through the cache give the logits of one pass over the whole."""
+    ids = torch.randint(0, 40, (2, 14))
+    full = model(ids).logits
+    cache, pieces, pos = model.new_cache(), [], 0
+    for n in (5, 3) + (1,) * 6:
+        pieces.append(model(ids[:, pos : pos + n], cache=cache).logits)
+        pos += n
+    assert cache.length == 14
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_cache_keeps_the_compressed_kv_heads_only():
+    cfg = cca_config(vocab_size=40)
+    model = ZayaLM(cfg).eval()
+    cache = model.new_cache()
+    model(torch.randint(0, 40, (1, 6)), cache=cache)
+    G, Hd = cfg.attention.n_kv_heads, cfg.attention.head_dim
+    assert cache.layers[0]["k"].shape == cache.layers[0]["v"].shape == (1, G, 6, Hd)
+    K = cfg.attention.conv_kernel
+    assert cache.layers[0]["conv_seq"].shape[-1] == K - 1  # convolution state: the last K - 1 inputs
+
+
+def test_cache_longer_than_max_seq_len_is_an_error(model):
+    cache = model.new_cache()
+    model(torch.zeros(1, model.cfg.max_seq_len, dtype=torch.long), cache=cache)
+    with pytest.raises(Exception, match="max_seq_len"):
+        model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_cached_generation_equals_recomputing_the_context(model, temperature):
+    prompt = torch.randint(0, 40, (2, model.cfg.max_seq_len - 4))  # runs past max_seq_len: re-prefill
+    kwargs = dict(max_new_tokens=9, temperature=temperature, top_p=0.9)
+    cached = generate(model, prompt, generator=torch.Generator().manual_seed(3), **kwargs)
+    plain = generate(model, prompt, generator=torch.Generator().manual_seed(3), use_cache=False, **kwargs)
+    assert torch.equal(cached, plain)
 
 
 def test_greedy_is_deterministic_and_generates_max_new_tokens(model):

@@ -7,16 +7,27 @@ import json
 
 import pytest
 import torch
-from model_cfgs import small_config
+from model_cfgs import cca_config, small_config
 
-from zaya_pipeline.config import MoEConfig, RouterConfig
+from zaya_pipeline.config import AttentionConfig, MoEConfig, RouterConfig, load_config
 from zaya_pipeline.model import ZayaLM, num_active_params, num_params
 from zaya_pipeline.model.params import forward_flops_per_token, model_info
 
 CONFIGS = [
     small_config(),
     small_config(tie_embeddings=False),
-    small_config(d_model=24, n_heads=3, n_layers=3, moe=MoEConfig(num_experts=8, top_k=1, expert_hidden=40)),
+    small_config(
+        d_model=24,
+        n_layers=3,
+        attention=AttentionConfig(n_heads=3),
+        moe=MoEConfig(num_experts=8, top_k=1, expert_hidden=40),
+    ),
+    small_config(attention=AttentionConfig(n_heads=4, n_kv_heads=2, head_dim=6, rope_fraction=0.5)),
+    cca_config(),
+    cca_config(
+        attention=AttentionConfig("cca", n_heads=2, n_kv_heads=2, head_dim=4, conv_kernel=3),
+        moe=MoEConfig(num_experts=4, top_k=1, expert_hidden=8, skip_expert=True, shared_expert_hidden=12),
+    ),
     small_config(
         vocab_size=257, tie_embeddings=False, moe=MoEConfig(num_experts=2, top_k=2, expert_hidden=8)
     ),
@@ -28,12 +39,22 @@ CONFIGS = [
     ),
 ]
 CONFIGS.append(dataclasses.replace(CONFIGS[-1], residual_scaling=True))
+CONFIGS.append(
+    cca_config(
+        moe=MoEConfig(
+            num_experts=4, top_k=1, expert_hidden=8, skip_expert=True, router=RouterConfig("zaya1", dim=4)
+        )
+    )
+)
+PRESETS = ["debug", "tiny", "small", "zaya1_base"]
 
 
 def config_id(c) -> str:
-    moe = c.moe
+    moe, a = c.moe, c.attention
     return (
-        f"V{c.vocab_size}-tie{c.tie_embeddings}-E{moe.num_experts}-{moe.router.type}-rs{c.residual_scaling}"
+        f"V{c.vocab_size}-tie{c.tie_embeddings}-{a.type}{a.n_heads}x{a.n_kv_heads}-E{moe.num_experts}"
+        f"{'s' if moe.skip_expert else ''}-{moe.router.type}-rs{c.residual_scaling}"
+        f"-sh{moe.shared_expert_hidden}"
     )
 
 
@@ -62,6 +83,36 @@ def test_closed_form_matches_module(cfg, include_embedding):
     assert num_active_params(cfg, include_embedding=include_embedding) == pytest.approx(active)
 
 
+def preset(name: str):
+    """A preset's model config with the vocabulary resolved as ``model-info`` resolves it."""
+    cfg = load_config([f"model={name}"])
+    vocab = cfg.model.vocab_size or cfg.tokenizer.vocab_size
+    return dataclasses.replace(cfg.model, vocab_size=vocab)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_closed_form_matches_module_for_every_preset(name):
+    cfg = preset(name)
+    with torch.device("meta"):  # no memory: ZAYA1-base has 8.8B parameters
+        model = ZayaLM(cfg)
+    for include_embedding in (True, False):
+        total, active = measured(model, include_embedding)
+        assert num_params(cfg, include_embedding=include_embedding) == total
+        assert num_active_params(cfg, include_embedding=include_embedding) == pytest.approx(active)
+
+
+def test_zaya1_base_matches_the_published_sizes():
+    """8.3B total and 760M active: both are non-embedding counts (see ZAYA1.md)."""
+    cfg = preset("zaya1_base")
+    assert num_params(cfg, include_embedding=False) == pytest.approx(8.3e9, rel=0.03)
+    assert num_active_params(cfg, include_embedding=False) == pytest.approx(760e6, rel=0.03)
+    assert cfg.vocab_size == 262_272 and cfg.n_layers == 40 and cfg.d_model == 2048
+
+
+def test_small_preset_is_about_one_billion_parameters():
+    assert num_params(preset("small")) == pytest.approx(1e9, rel=0.1)
+
+
 def test_untied_head_adds_one_embedding_matrix():
     tied, untied = small_config(), small_config(tie_embeddings=False)
     assert num_params(untied) - num_params(tied) == tied.vocab_size * tied.d_model
@@ -77,8 +128,13 @@ def test_closed_form_forward_flops_match_torch_flop_counter(cfg):
     ids = torch.randint(0, cfg.vocab_size, (B, T))
     # the math backend runs attention as matmuls the counter sees (the fused CPU kernel is not counted)
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        model(ids)
-    assert counter.get_total_flops() == B * T * forward_flops_per_token(cfg, seq_len=T)
+        out = model(ids)
+    # Slots routed to the skip expert are not computed (the closed form does not discount them; k = 1 here).
+    skipped = int(out.expert_counts_LE[:, -1].sum()) if cfg.moe.skip_expert else 0
+    expert_flops = 2 * 3 * cfg.d_model * cfg.moe.expert_hidden
+    assert (
+        counter.get_total_flops() == B * T * forward_flops_per_token(cfg, seq_len=T) - skipped * expert_flops
+    )
 
 
 def test_model_info_prints_json_for_a_preset_without_building_it(capsys):

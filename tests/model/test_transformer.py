@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from model_cfgs import small_config
 
-from zaya_pipeline.config import MoEConfig
+from zaya_pipeline.config import AttentionConfig, MoEConfig, RouterConfig
 from zaya_pipeline.errors import ConfigError
 from zaya_pipeline.model import ZayaLM
 
@@ -57,8 +57,10 @@ def test_vocab_size_zero_is_a_config_error(cfg):
 
 
 def test_bad_head_count_and_overlong_input_are_errors(cfg):
-    with pytest.raises(ConfigError, match="model.n_heads"):
-        ZayaLM(dataclasses.replace(cfg, n_heads=3))
+    with pytest.raises(ConfigError, match="model.attention.n_heads"):
+        ZayaLM(dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, n_heads=3)))
+    with pytest.raises(ConfigError, match="model.attention.type"):
+        ZayaLM(dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, type="mla")))
     with pytest.raises(ConfigError, match="model.max_seq_len"):
         ZayaLM(cfg)(torch.zeros(1, cfg.max_seq_len + 1, dtype=torch.long))
 
@@ -70,7 +72,10 @@ def test_unknown_expert_backend_fails_at_build(cfg):
 
 def test_depth_scaled_init_of_residual_projections():
     cfg = small_config(
-        n_layers=8, d_model=64, n_heads=4, moe=MoEConfig(num_experts=4, top_k=2, expert_hidden=64)
+        n_layers=8,
+        d_model=64,
+        attention=AttentionConfig(n_heads=4),
+        moe=MoEConfig(num_experts=4, top_k=2, expert_hidden=64),
     )
     torch.manual_seed(0)
     model = ZayaLM(cfg)
@@ -81,10 +86,30 @@ def test_depth_scaled_init_of_residual_projections():
     assert torch.equal(block.attn_norm.weight, torch.ones(cfg.d_model))
 
 
-def test_debug_model_overfits_one_batch():
-    cfg = small_config(
+OVERFIT_CONFIGS = {
+    "gqa-linear": small_config(
         vocab_size=64, d_model=64, max_seq_len=64, moe=MoEConfig(num_experts=4, top_k=2, expert_hidden=128)
-    )
+    ),
+    "zaya1": small_config(  # CCA, ZAYA1 router with skip expert, top-1, residual scaling
+        vocab_size=64,
+        d_model=64,
+        max_seq_len=64,
+        residual_scaling=True,
+        attention=AttentionConfig("cca", n_heads=4, n_kv_heads=2, head_dim=16, rope_fraction=0.5),
+        moe=MoEConfig(
+            num_experts=4,
+            top_k=1,
+            expert_hidden=128,
+            skip_expert=True,
+            router=RouterConfig("zaya1", aux_loss_coef=0.0, dim=32),
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", OVERFIT_CONFIGS)
+def test_debug_model_overfits_one_batch(name):
+    cfg = OVERFIT_CONFIGS[name]
     torch.manual_seed(0)
     model = ZayaLM(cfg)
     ids = torch.randint(0, cfg.vocab_size, (4, 33))
@@ -95,6 +120,7 @@ def test_debug_model_overfits_one_batch():
         opt.zero_grad()
         (loss + out.aux_loss).backward()
         opt.step()
+        model.update_router_biases()
     assert loss.item() < 0.05
 
 

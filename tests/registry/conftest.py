@@ -11,7 +11,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from zaya_pipeline.config import ModelConfig, MoEConfig, TokenizerConfig, ZayaConfig
+from zaya_pipeline.config import AttentionConfig, ModelConfig, MoEConfig, TokenizerConfig, ZayaConfig
 from zaya_pipeline.data.tokenizer import pad_vocab, train_bpe
 from zaya_pipeline.eval.evaluate import evaluate
 from zaya_pipeline.model.checkpoint import save_model
@@ -48,7 +48,7 @@ def workspace(tmp_path_factory) -> dict:
 
     torch.manual_seed(0)
     mcfg = ModelConfig(
-        vocab_size=vocab, d_model=32, n_layers=1, n_heads=2, max_seq_len=32,
+        vocab_size=vocab, d_model=32, n_layers=1, attention=AttentionConfig(n_heads=2), max_seq_len=32,
         moe=MoEConfig(num_experts=2, top_k=1, expert_hidden=32),
     )  # fmt: skip
     save_model(root / "train" / "model.pt", ZayaLM(mcfg), mcfg)

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
+from zaya_pipeline.model.attention import KVCache
 from zaya_pipeline.registry.pyfunc import ZayaGenerator, prompts_of
 
 
@@ -52,7 +53,12 @@ def test_generation_stops_at_eos(generator, workspace):
     class AlwaysEos(torch.nn.Module):
         cfg = SimpleNamespace(max_seq_len=32)
 
-        def forward(self, input_ids_BT):
+        def new_cache(self):
+            return KVCache(0)
+
+        def forward(self, input_ids_BT, cache=None):
+            if cache is not None:
+                cache.length += input_ids_BT.shape[1]
             logits = torch.zeros(*input_ids_BT.shape, 320)
             logits[..., eos] = 10.0
             return SimpleNamespace(logits=logits)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zaya_pipeline.config import ModelConfig, MoEConfig, OptimConfig
+from zaya_pipeline.config import AttentionConfig, ModelConfig, MoEConfig, OptimConfig
 from zaya_pipeline.errors import ConfigError
 from zaya_pipeline.model import ZayaLM
 from zaya_pipeline.train.optim import build_optimizer, build_scheduler, param_groups, warmup_cosine
@@ -12,7 +12,12 @@ from zaya_pipeline.train.optim import build_optimizer, build_scheduler, param_gr
 def test_decay_only_on_matrices_that_are_not_embeddings_or_norms():
     for tie in (True, False):
         cfg = ModelConfig(
-            vocab_size=30, d_model=16, n_layers=1, n_heads=2, tie_embeddings=tie, moe=MoEConfig(4, 2, 8)
+            vocab_size=30,
+            d_model=16,
+            n_layers=1,
+            attention=AttentionConfig(n_heads=2),
+            tie_embeddings=tie,
+            moe=MoEConfig(4, 2, 8),
         )
         model = ZayaLM(cfg)
         decay, keep = param_groups(model, 0.1)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
+from typing import get_type_hints
 
 import torch
 
-from zaya_pipeline.config import ModelConfig, MoEConfig, RouterConfig
+from zaya_pipeline.config import ModelConfig
 from zaya_pipeline.errors import DataError
 from zaya_pipeline.model.transformer import ZayaLM
 
@@ -22,15 +23,19 @@ def model_config_from_dict(d: dict, origin: str) -> ModelConfig:
     """Rebuild the nested ``ModelConfig``; a key the schema does not know is an error naming ``origin``."""
 
     def build(cls, values: dict, prefix: str):
+        hints = get_type_hints(cls)
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
             raise DataError(f"{origin}: unknown model config keys {[prefix + k for k in unknown]}")
-        return cls(**values)
+        nested = {
+            k: build(hints[k], v, f"{prefix}{k}.")
+            for k, v in values.items()
+            if is_dataclass(hints[k]) and isinstance(v, dict)
+        }
+        return cls(**{**values, **nested})
 
-    moe = dict(d.get("moe", {}))
-    moe["router"] = build(RouterConfig, moe.get("router", {}), "model.moe.router.")
-    return build(ModelConfig, {**d, "moe": build(MoEConfig, moe, "model.moe.")}, "model.")
+    return build(ModelConfig, d, "model.")
 
 
 def save_model(path: str | Path, model: ZayaLM, model_cfg: ModelConfig) -> Path:

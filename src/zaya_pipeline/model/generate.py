@@ -1,5 +1,5 @@
-"""Autoregressive decoding: greedy or temperature + nucleus (top-p) sampling. No KV cache yet: every step
-re-runs the (cropped) context.
+"""Autoregressive decoding: greedy or temperature + nucleus (top-p) sampling, incremental with a KV cache
+(the prompt is prefilled once, then each step runs only the new token).
 
 Shape legend:
     B  batch    T  tokens    V  vocabulary
@@ -35,12 +35,14 @@ def generate(
     top_p: float = 1.0,
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
+    use_cache: bool = True,
 ) -> torch.LongTensor:
     """The prompt followed by up to ``max_new_tokens`` new tokens, shape (B, T + n).
 
     ``temperature == 0`` decodes greedily. A row that has produced ``eos_id`` is padded with ``eos_id``
     afterwards; decoding stops early once every row has. Contexts longer than ``model.cfg.max_seq_len``
-    keep only their last ``max_seq_len`` tokens.
+    keep only their last ``max_seq_len`` tokens: once the cache is full, each step re-prefills that window
+    (positions restart at 0). ``use_cache=False`` re-runs the whole context every step (the reference).
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -49,8 +51,15 @@ def generate(
     ids_BT = input_ids_BT.long()
     done_B = torch.zeros(ids_BT.shape[0], dtype=torch.bool, device=ids_BT.device)
     max_len = model.cfg.max_seq_len
+    cache = None
     for _ in range(max_new_tokens):
-        logits_BV = model(ids_BT[:, -max_len:]).logits[:, -1]
+        if not use_cache:
+            logits_BV = model(ids_BT[:, -max_len:]).logits[:, -1]
+        elif cache is None or cache.length >= max_len:
+            cache = model.new_cache()
+            logits_BV = model(ids_BT[:, -max_len:], cache=cache).logits[:, -1]
+        else:  # only the token appended last is new to the cache
+            logits_BV = model(ids_BT[:, -1:], cache=cache).logits[:, -1]
         if temperature == 0.0:
             next_B = logits_BV.argmax(dim=-1)
         else:

@@ -1,4 +1,8 @@
-"""Dropless MoE feed-forward layer: a router picks K experts per token; SwiGLU experts run via ``ops``.
+"""MoE feed-forward layer: a router picks K of the experts per token; SwiGLU experts run via ``ops``.
+
+Dropless by default. Options: a skip ("no-op") expert the router may choose (the token then gets no expert
+output for that slot, and skipped tokens are not computed at all), a capacity factor (over-capacity slots
+are dropped, in training only: evaluation and decoding stay dropless) and a dense shared expert.
 
 Shape legend:
     B  batch    T  tokens (T = B * sequence length inside the layer)    D  model width
@@ -7,9 +11,11 @@ Shape legend:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from zaya_pipeline.config import MoEConfig
@@ -22,8 +28,34 @@ from zaya_pipeline.ops import expert_mlp, resolve_backend
 class MoEOutput:
     y_BTD: torch.Tensor
     aux_loss: torch.Tensor  # router aux + z losses, already weighted by their coefficients
-    num_tokens_per_expert_E: torch.Tensor
+    num_tokens_per_expert_E: torch.Tensor  # per router choice: the experts, then the skip expert if any
+    dropped_slots: torch.Tensor  # (token, slot) pairs over capacity (0 when dropless)
     router_state_TR: torch.Tensor | None = None  # passed to the next layer's router (EDA)
+
+
+def within_capacity(topk_ids_TK: torch.Tensor, num_experts: int, capacity_factor: float) -> torch.Tensor:
+    """(T, K) bool: slots that fit their expert's capacity ``ceil(cf * T * K / E)``. Slots are admitted in
+    priority order: every token's first choice before any second choice, then token order (GShard).
+    Ids >= num_experts (the skip expert) are never over capacity."""
+    T, K = topk_ids_TK.shape
+    capacity = math.ceil(capacity_factor * T * K / num_experts)
+    flat_S = topk_ids_TK.t().reshape(-1)
+    onehot_SE = F.one_hot(flat_S, num_classes=num_experts + 1)[:, :num_experts]
+    position_S = (onehot_SE.cumsum(dim=0) * onehot_SE).sum(dim=1)  # 1-based place in its expert's queue
+    return (position_S <= capacity).view(K, T).t()
+
+
+class SharedExpert(nn.Module):
+    """A dense SwiGLU MLP every token goes through, added to the routed experts' output."""
+
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.gate_up = nn.Linear(d_model, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x_TD).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
 
 
 class MoE(nn.Module):
@@ -31,27 +63,61 @@ class MoE(nn.Module):
         super().__init__()
         if not 1 <= cfg.top_k <= cfg.num_experts:
             raise ConfigError(f"model.moe.top_k must be in [1, model.moe.num_experts], got {cfg.top_k}")
+        if cfg.capacity_factor < 0:
+            raise ConfigError(
+                f"model.moe.capacity_factor must be >= 0 (0 = dropless), got {cfg.capacity_factor}"
+            )
+        if cfg.shared_expert_hidden < 0:
+            raise ConfigError(f"model.moe.shared_expert_hidden must be >= 0, got {cfg.shared_expert_hidden}")
         resolve_backend(cfg.expert_backend)  # fail at build time, not at the first forward
         self.backend = cfg.expert_backend
+        self.num_experts = cfg.num_experts
+        self.capacity_factor = cfg.capacity_factor
         self.aux_loss_coef = cfg.router.aux_loss_coef
         self.z_loss_coef = cfg.router.z_loss_coef
         self.router = build_router(d_model, cfg)
-        E, D, F = cfg.num_experts, d_model, cfg.expert_hidden
+        E, D, F_ = cfg.num_experts, d_model, cfg.expert_hidden
         # One tensor per projection kind with a leading expert dim: the layout grouped kernels and expert
         # parallelism (sharding dim 0) want.
-        self.w_gate_up_EDF2 = nn.Parameter(torch.empty(E, D, 2 * F))
-        self.w_down_EFD = nn.Parameter(torch.empty(E, F, D))
+        self.w_gate_up_EDF2 = nn.Parameter(torch.empty(E, D, 2 * F_))
+        self.w_down_EFD = nn.Parameter(torch.empty(E, F_, D))
+        self.shared = SharedExpert(D, cfg.shared_expert_hidden) if cfg.shared_expert_hidden else None
+
+    def reset_parameters(self, std: float, out_std: float) -> None:
+        """Inputs N(0, std); projections that write into the residual stream N(0, out_std)."""
+        self.router.reset_parameters(std)
+        nn.init.normal_(self.w_gate_up_EDF2, std=std)
+        nn.init.normal_(self.w_down_EFD, std=out_std)
+        if self.shared is not None:
+            nn.init.normal_(self.shared.gate_up.weight, std=std)
+            nn.init.normal_(self.shared.down.weight, std=out_std)
 
     def forward(self, x_BTD: torch.Tensor, router_state_TR: torch.Tensor | None = None) -> MoEOutput:
         x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
         routed = self.router(x_TD, router_state_TR)
-        y_TD = expert_mlp(
-            x_TD,
-            routed.topk_ids_TK,
-            routed.topk_weights_TK,
-            self.w_gate_up_EDF2,
-            self.w_down_EFD,
-            backend=self.backend,
-        )
+        ids_TK, weights_TK = routed.topk_ids_TK, routed.topk_weights_TK
+        keep_TK = ids_TK < self.num_experts  # False for the skip expert
+        dropped = torch.zeros((), dtype=torch.long, device=x_TD.device)
+        if self.capacity_factor > 0 and self.training:
+            fits_TK = within_capacity(ids_TK, self.num_experts, self.capacity_factor)
+            dropped = (keep_TK & ~fits_TK).sum()
+            keep_TK = keep_TK & fits_TK
+        if bool(keep_TK.all()):
+            y_TD = self._experts(x_TD, ids_TK, weights_TK)
+        else:
+            # Tokens with no slot left are not computed at all; a kept token's other slots get weight 0.
+            rows_N = keep_TK.any(dim=1).nonzero().squeeze(1)
+            ids_NK = ids_TK[rows_N].masked_fill(~keep_TK[rows_N], 0)
+            weights_NK = weights_TK[rows_N] * keep_TK[rows_N]
+            y_TD = torch.zeros_like(x_TD).index_copy(
+                0, rows_N, self._experts(x_TD[rows_N], ids_NK, weights_NK)
+            )
+        if self.shared is not None:
+            y_TD = y_TD + self.shared(x_TD)
         aux = self.aux_loss_coef * routed.aux_loss + self.z_loss_coef * routed.z_loss
-        return MoEOutput(y_TD.view_as(x_BTD), aux, routed.num_tokens_per_expert_E, routed.state_TR)
+        return MoEOutput(y_TD.view_as(x_BTD), aux, routed.num_tokens_per_expert_E, dropped, routed.state_TR)
+
+    def _experts(self, x_TD, ids_TK, weights_TK) -> torch.Tensor:
+        return expert_mlp(
+            x_TD, ids_TK, weights_TK, self.w_gate_up_EDF2, self.w_down_EFD, backend=self.backend
+        )

@@ -11,6 +11,7 @@ import dataclasses
 import json
 
 from zaya_pipeline.config import ModelConfig
+from zaya_pipeline.model.attention import head_dims
 from zaya_pipeline.utils import round_up
 
 
@@ -19,9 +20,21 @@ def per_layer_vectors(cfg: ModelConfig) -> int:
     return cfg.d_model * (2 + (8 if cfg.residual_scaling else 0))
 
 
+def attention_params(cfg: ModelConfig) -> tuple[int, int]:
+    """(all attention parameters, those in matmuls and convolutions) of one layer."""
+    D = cfg.d_model
+    H, G, Hd = head_dims(cfg)
+    matmul = (H + 2 * G) * Hd * D + H * Hd * D  # fused q/k/v (down-)projection + output projection
+    if cfg.attention.type != "cca":
+        return matmul, matmul
+    C, K = (H + G) * Hd, cfg.attention.conv_kernel
+    matmul += C * K + C * Hd * K  # depthwise conv + per-head channel-mixing conv (one MAC per weight)
+    return matmul + H, matmul  # + per-head temperature
+
+
 def router_params(cfg: ModelConfig) -> tuple[int, int]:
     """(all router parameters, those in matmuls) of one layer."""
-    D, E, r = cfg.d_model, cfg.moe.num_experts, cfg.moe.router
+    D, E, r = cfg.d_model, cfg.moe.num_experts + int(cfg.moe.skip_expert), cfg.moe.router
     if r.type != "zaya1":
         return D * E, D * E
     matmul = D * r.dim + 2 * r.dim * r.dim + r.dim * E  # down-projection, MLP (R x R, R x R, R x E)
@@ -30,10 +43,11 @@ def router_params(cfg: ModelConfig) -> tuple[int, int]:
 
 def _count(cfg: ModelConfig, experts_used: int, include_embedding: bool) -> int:
     D, F = cfg.d_model, cfg.moe.expert_hidden
-    attention = 4 * D * D  # fused qkv (3 D x D) + output projection (D x D)
+    attention = attention_params(cfg)[0]
     norms = per_layer_vectors(cfg)
     router = router_params(cfg)[0]
-    experts = experts_used * 3 * D * F  # gate + up (D x 2F) and down (F x D) per expert
+    # gate + up (D x 2F) and down (F x D) per expert used, and the shared expert every token uses
+    experts = (experts_used * F + cfg.moe.shared_expert_hidden) * 3 * D
     total = cfg.n_layers * (attention + norms + router + experts) + D  # + final norm
     if include_embedding:
         total += cfg.vocab_size * D * (1 if cfg.tie_embeddings else 2)
@@ -51,7 +65,9 @@ def num_active_params(cfg: ModelConfig, include_embedding: bool = True) -> int:
 def matmul_params_per_token(cfg: ModelConfig) -> int:
     """Weights a token multiplies by: active non-embedding weights less norms and scales, plus unembedding."""
     router_total, router_matmul = router_params(cfg)
-    not_matmul = cfg.n_layers * (per_layer_vectors(cfg) + router_total - router_matmul) + cfg.d_model
+    attention_total, attention_matmul = attention_params(cfg)
+    per_layer = per_layer_vectors(cfg) + router_total - router_matmul + attention_total - attention_matmul
+    not_matmul = cfg.n_layers * per_layer + cfg.d_model
     return num_active_params(cfg, include_embedding=False) - not_matmul + cfg.vocab_size * cfg.d_model
 
 
@@ -59,11 +75,19 @@ def forward_flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> int
     """Forward FLOPs per token at context ``seq_len`` (default ``max_seq_len``), closed form.
 
     ``2 x`` the matmul weights a token uses (active experts only) plus the attention core, counted as dense
-    ``Q K^T`` and ``A V`` over the whole context (``4 T D`` per layer, no causal discount): the convention of
-    the PaLM MFU formula, so that training FLOPs are ``3 x`` this.
+    ``Q K^T`` and ``A V`` over the whole context (``4 T H Hd`` per layer, no causal discount; CCA attends in
+    its compressed latent width H x Hd): the convention of the PaLM MFU formula, so that training FLOPs are
+    ``3 x`` this. Skipped and capacity-dropped tokens are not discounted.
     """
     T = cfg.max_seq_len if seq_len is None else seq_len
-    return 2 * matmul_params_per_token(cfg) + 4 * cfg.n_layers * T * cfg.d_model
+    H, _, Hd = head_dims(cfg)
+    return 2 * matmul_params_per_token(cfg) + 4 * cfg.n_layers * T * H * Hd
+
+
+def kv_cache_values_per_token(cfg: ModelConfig) -> int:
+    """Numbers the decoding cache keeps per token over all layers: keys and values of the G kv heads."""
+    _, G, Hd = head_dims(cfg)
+    return cfg.n_layers * 2 * G * Hd
 
 
 def model_info(cfg) -> dict:
@@ -81,6 +105,7 @@ def model_info(cfg) -> dict:
         "params_total_non_embedding": num_params(m, include_embedding=False),
         "params_active_non_embedding": num_active_params(m, include_embedding=False),
         "seq_len": m.max_seq_len,
+        "kv_cache_values_per_token": kv_cache_values_per_token(m),
         "forward_flops_per_token": fwd,
         "train_flops_per_token": 3 * fwd,
     }

@@ -1,7 +1,10 @@
 """Token routers: pick the top-k experts of every token and the losses that keep routing healthy.
 
+With ``model.moe.skip_expert`` both routers score one more choice than there are experts: the last one is
+the skip ("no-op") expert; a slot routed there gets no expert output (see ``moe.py``).
+
 Shape legend:
-    T  tokens    D  model width    E  experts    K  experts per token
+    T  tokens    D  model width    E  router choices (experts + skip)    K  experts per token
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ class LinearRouter(nn.Module):
 
     def __init__(self, d_model: int, num_experts: int, top_k: int):
         super().__init__()
-        self.num_experts = num_experts
+        self.num_experts = num_experts  # router choices, the skip expert included
         self.top_k = top_k
         self.proj = nn.Linear(d_model, num_experts, bias=False)
 
@@ -85,13 +88,23 @@ class Zaya1Router(nn.Module):
     probabilities (aux-loss-free balancing, as in DeepSeek-V3). ``update_bias()`` runs once per optimizer
     step: a PI controller on each expert's relative load error since the last update raises the bias of
     under-loaded experts and lowers it for over-loaded ones. The bias and the integral are buffers, so they
-    are saved in checkpoints.
+    are saved in checkpoints. A skip expert (``skip_bias_init`` not None) is the last choice; its bias starts
+    at ``skip_bias_init`` (ZAYA1: -1, so skipping is rare early on) and is then controlled like the others.
     """
 
-    def __init__(self, d_model: int, num_experts: int, top_k: int, cfg: RouterConfig, eps: float = 1e-5):
+    def __init__(
+        self,
+        d_model: int,
+        num_experts: int,
+        top_k: int,
+        cfg: RouterConfig,
+        skip_bias_init: float | None = None,
+        eps: float = 1e-5,
+    ):
         super().__init__()
-        R, E = cfg.dim, num_experts
-        self.num_experts, self.top_k = E, top_k
+        E = num_experts + (skip_bias_init is not None)
+        R = cfg.dim
+        self.num_experts, self.top_k, self.skip_bias_init = E, top_k, skip_bias_init
         self.p_gain, self.i_gain = cfg.bias_p_gain, cfg.bias_i_gain
         self.down = nn.Linear(d_model, R, bias=False)
         self.eda_scale_R = nn.Parameter(torch.zeros(R)) if cfg.eda else None
@@ -103,7 +116,10 @@ class Zaya1Router(nn.Module):
             nn.GELU(),
             nn.Linear(R, E, bias=False),
         )
-        self.register_buffer("expert_bias_E", torch.zeros(E))
+        bias_E = torch.zeros(E)
+        if skip_bias_init is not None:
+            bias_E[-1] = skip_bias_init
+        self.register_buffer("expert_bias_E", bias_E)
         self.register_buffer("load_error_integral_E", torch.zeros(E))
         self.register_buffer("pending_counts_E", torch.zeros(E), persistent=False)
 
@@ -112,6 +128,11 @@ class Zaya1Router(nn.Module):
             nn.init.normal_(linear.weight, std=std)
         if self.eda_scale_R is not None:
             nn.init.zeros_(self.eda_scale_R)
+        self.expert_bias_E.zero_()
+        if self.skip_bias_init is not None:
+            self.expert_bias_E[-1] = self.skip_bias_init
+        self.load_error_integral_E.zero_()
+        self.pending_counts_E.zero_()
 
     def forward(self, x_TD: torch.Tensor, prev_state_TR: torch.Tensor | None = None) -> RouterOutput:
         h_TR = self.down(x_TD)
@@ -153,5 +174,6 @@ def build_router(d_model: int, cfg: MoEConfig) -> nn.Module:
     if cfg.router.type == "zaya1":
         if cfg.router.dim < 1:
             raise ConfigError(f"model.moe.router.dim must be >= 1, got {cfg.router.dim}")
-        return Zaya1Router(d_model, cfg.num_experts, cfg.top_k, cfg.router)
-    return LinearRouter(d_model, cfg.num_experts, cfg.top_k)
+        skip_bias = cfg.skip_bias_init if cfg.skip_expert else None
+        return Zaya1Router(d_model, cfg.num_experts, cfg.top_k, cfg.router, skip_bias)
+    return LinearRouter(d_model, cfg.num_experts + int(cfg.skip_expert), cfg.top_k)

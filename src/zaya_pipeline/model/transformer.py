@@ -3,7 +3,8 @@
 Single-device code: parallelism (FSDP, expert parallel, compile) is applied from outside.
 
 Shape legend:
-    B  batch    T  sequence length    D  model width    V  vocabulary    L  layers    E  experts
+    B  batch    T  sequence length    D  model width    V  vocabulary    L  layers
+    E  router choices (the experts, plus the skip expert when there is one)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from torch import nn
 
 from zaya_pipeline.config import ModelConfig
 from zaya_pipeline.errors import ConfigError
-from zaya_pipeline.model.attention import CausalSelfAttention
+from zaya_pipeline.model.attention import KVCache, build_attention, validate_attention_config
 from zaya_pipeline.model.moe import MoE, MoEOutput
 
 
@@ -24,7 +25,8 @@ from zaya_pipeline.model.moe import MoE, MoEOutput
 class LMOutput:
     logits: torch.Tensor  # (B, T, V)
     aux_loss: torch.Tensor  # scalar: sum over layers of the weighted router aux + z losses
-    expert_counts_LE: torch.Tensor  # routed (token, slot) pairs per expert and layer, detached
+    expert_counts_LE: torch.Tensor  # routed (token, slot) pairs per choice and layer (skip last), detached
+    dropped_slots: torch.Tensor  # (token, slot) pairs over expert capacity, summed over layers (0: dropless)
 
 
 def validate_model_config(cfg: ModelConfig) -> None:
@@ -32,10 +34,7 @@ def validate_model_config(cfg: ModelConfig) -> None:
         raise ConfigError(f"model.vocab_size must be > 0 to build the model, got {cfg.vocab_size}")
     if cfg.n_layers < 1:
         raise ConfigError(f"model.n_layers must be >= 1, got {cfg.n_layers}")
-    if cfg.n_heads < 1 or cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 2:
-        raise ConfigError(
-            f"model.n_heads={cfg.n_heads} must split model.d_model={cfg.d_model} into even-width heads (RoPE)"
-        )
+    validate_attention_config(cfg)
     if cfg.max_seq_len < 1:
         raise ConfigError(f"model.max_seq_len must be >= 1, got {cfg.max_seq_len}")
 
@@ -69,16 +68,20 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.attn = CausalSelfAttention(cfg.d_model, cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
+        self.attn = build_attention(cfg)
         self.attn_add = ResidualAdd(cfg.d_model, cfg.residual_scaling)
         self.moe_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.moe = MoE(cfg.d_model, cfg.moe)
         self.moe_add = ResidualAdd(cfg.d_model, cfg.residual_scaling)
 
     def forward(
-        self, x_BTD: torch.Tensor, router_state_TR: torch.Tensor | None = None
+        self,
+        x_BTD: torch.Tensor,
+        router_state_TR: torch.Tensor | None = None,
+        cache: dict | None = None,
+        start: int = 0,
     ) -> tuple[torch.Tensor, MoEOutput]:
-        x_BTD = self.attn_add(x_BTD, self.attn(self.attn_norm(x_BTD)))
+        x_BTD = self.attn_add(x_BTD, self.attn(self.attn_norm(x_BTD), cache, start))
         moe = self.moe(self.moe_norm(x_BTD), router_state_TR)
         return self.moe_add(x_BTD, moe.y_BTD), moe
 
@@ -104,13 +107,10 @@ class ZayaLM(nn.Module):
         if self.lm_head is not None:
             nn.init.normal_(self.lm_head.weight, std=std)
         for block in self.blocks:
-            nn.init.normal_(block.attn.qkv.weight, std=std)
-            nn.init.normal_(block.attn.out.weight, std=out_std)
-            block.moe.router.reset_parameters(std)
+            block.attn.reset_parameters(std, out_std)
+            block.moe.reset_parameters(std, out_std)
             block.attn_add.reset_parameters()
             block.moe_add.reset_parameters()
-            nn.init.normal_(block.moe.w_gate_up_EDF2, std=std)
-            nn.init.normal_(block.moe.w_down_EFD, std=out_std)
         for module in self.modules():
             if isinstance(module, nn.RMSNorm):
                 nn.init.ones_(module.weight)
@@ -122,20 +122,36 @@ class ZayaLM(nn.Module):
             if hasattr(block.moe.router, "update_bias"):
                 block.moe.router.update_bias()
 
-    def forward(self, input_ids_BT: torch.Tensor) -> LMOutput:
-        seq_len = input_ids_BT.shape[1]
+    def new_cache(self) -> KVCache:
+        """An empty decoding cache for ``forward(ids, cache=...)``."""
+        return KVCache(len(self.blocks))
+
+    def forward(self, input_ids_BT: torch.Tensor, cache: KVCache | None = None) -> LMOutput:
+        """Logits of every position. With ``cache`` the tokens continue the cached sequence (positions
+        start at ``cache.length``) and the cache is extended: prefill and incremental decoding."""
+        start = 0 if cache is None else cache.length
+        seq_len = start + input_ids_BT.shape[1]
         if seq_len > self.cfg.max_seq_len:
             raise ConfigError(
                 f"input of {seq_len} tokens is longer than model.max_seq_len={self.cfg.max_seq_len}"
             )
         x_BTD = self.embed(input_ids_BT)
-        aux_losses, counts, router_state_TR = [], [], None
-        for block in self.blocks:
-            x_BTD, moe = block(x_BTD, router_state_TR)
+        aux_losses, counts, dropped, router_state_TR = [], [], [], None
+        for i, block in enumerate(self.blocks):
+            layer_cache = None if cache is None else cache.layers[i]
+            x_BTD, moe = block(x_BTD, router_state_TR, layer_cache, start)
             aux_losses.append(moe.aux_loss)
             counts.append(moe.num_tokens_per_expert_E)
+            dropped.append(moe.dropped_slots)
             router_state_TR = moe.router_state_TR
+        if cache is not None:
+            cache.length = seq_len
         h_BTD = self.final_norm(x_BTD)
         weight_VD = self.embed.weight if self.lm_head is None else self.lm_head.weight
         logits_BTV = h_BTD @ weight_VD.t()
-        return LMOutput(logits_BTV, torch.stack(aux_losses).sum(), torch.stack(counts).detach())
+        return LMOutput(
+            logits_BTV,
+            torch.stack(aux_losses).sum(),
+            torch.stack(counts).detach(),
+            torch.stack(dropped).sum(),
+        )

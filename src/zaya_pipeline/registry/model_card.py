@@ -8,12 +8,15 @@ from zaya_pipeline.config import ModelConfig
 def model_card(model_cfg: ModelConfig, metrics: dict, run_id: str, git_commit: str | None) -> str:
     from zaya_pipeline.model.params import num_active_params, num_params
 
-    moe = model_cfg.moe
+    moe, attn = model_cfg.moe, model_cfg.attention
+    kv_heads = attn.n_kv_heads or attn.n_heads
     lines = [
         f"# {model_cfg.name}: ZAYA-style Mixture-of-Experts LM",
         "",
-        f"* {model_cfg.n_layers} layers, d_model {model_cfg.d_model}, {model_cfg.n_heads} heads, "
-        f"{moe.num_experts} experts (top-{moe.top_k}, hidden {moe.expert_hidden}), vocabulary "
+        f"* {model_cfg.n_layers} layers, d_model {model_cfg.d_model}, {attn.type.upper()} attention with "
+        f"{attn.n_heads} query / {kv_heads} key-value heads, {moe.router.type} router, "
+        f"{moe.num_experts} experts{' + skip' if moe.skip_expert else ''} (top-{moe.top_k}, "
+        f"hidden {moe.expert_hidden}), vocabulary "
         f"{model_cfg.vocab_size}, context {model_cfg.max_seq_len} tokens",
         f"* parameters: {num_params(model_cfg):,} total, {num_active_params(model_cfg):,} active per token",
         f"* held-out: loss {metrics['val_loss']:.4f} nats/token, perplexity {metrics['perplexity']:.2f}, "

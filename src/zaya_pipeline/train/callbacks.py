@@ -27,10 +27,12 @@ class TrainTelemetry(L.Callback):
     """Metrics every ``log_every`` optimizer steps (and at the last step), validation loss after each pass.
 
     Rows: ``train_rows`` (step, loss, lr, tokens_per_s), ``val_rows`` (step, val_loss), ``load_rows``
-    (step, layer, expert, fraction). Time spent in validation is not counted as training time.
+    (step, layer, expert, fraction). Time spent in validation is not counted as training time. With a skip
+    expert, the last router choice is logged as ``load/l<i>/skip`` and left out of ``max_over_mean``.
     """
 
-    def __init__(self, log_every: int, max_steps: int, tokens_per_step: int):
+    def __init__(self, log_every: int, max_steps: int, tokens_per_step: int, skip_expert: bool = False):
+        self.skip_expert = skip_expert
         self.log_every = max(1, log_every)
         self.max_steps = max_steps
         self.tokens_per_step = tokens_per_step  # over all ranks
@@ -44,6 +46,7 @@ class TrainTelemetry(L.Callback):
     def _reset_interval(self) -> None:
         self._loss_sum = 0.0
         self._aux_sum = 0.0
+        self._dropped = 0
         self._batches = 0
         self._counts_LE: torch.Tensor | None = None
 
@@ -63,6 +66,7 @@ class TrainTelemetry(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._loss_sum += float(outputs["ce"])
         self._aux_sum += float(outputs["aux"])
+        self._dropped += int(outputs["dropped_slots"])
         self._batches += 1
         counts = outputs["expert_counts_LE"]
         self._counts_LE = counts.clone() if self._counts_LE is None else self._counts_LE + counts
@@ -83,12 +87,19 @@ class TrainTelemetry(L.Callback):
         lr = trainer.optimizers[0].param_groups[0]["lr"]  # the LR this step used (the scheduler steps after)
         metrics = {"train/loss": loss, "train/aux_loss": aux, "train/lr": lr}
         metrics["train/tokens_per_s"] = tokens_per_s
-        num_experts = frac_LE.shape[1]
+        slots = float(counts_LE[0].sum())  # (token, slot) pairs routed per layer in this interval
+        dropped = float(reduce(torch.tensor(float(self._dropped)), reduce_op="sum"))
+        metrics["train/dropped_frac"] = dropped / max(slots * counts_LE.shape[0], 1.0)
+        num_experts = frac_LE.shape[1] - int(self.skip_expert)
         for layer, frac_E in enumerate(frac_LE.tolist()):
             for expert, frac in enumerate(frac_E):
-                metrics[f"load/l{layer}/e{expert}"] = frac
+                name = "skip" if expert == num_experts else f"e{expert}"
+                metrics[f"load/l{layer}/{name}"] = frac
                 self.load_rows.append((step, layer, expert, frac))
-            metrics[f"load/l{layer}/max_over_mean"] = max(frac_E) * num_experts
+            experts_E = frac_E[:num_experts]
+            metrics[f"load/l{layer}/max_over_mean"] = (
+                max(experts_E) * num_experts / max(sum(experts_E), 1e-12)
+            )
         if trainer.logger is not None:
             trainer.logger.log_metrics(metrics, step=step)
         self.train_rows.append((step, loss, lr, tokens_per_s))

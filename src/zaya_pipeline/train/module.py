@@ -35,6 +35,7 @@ class ZayaLitModule(L.LightningModule):
             "ce": ce.detach(),
             "aux": out.aux_loss.detach(),
             "expert_counts_LE": out.expert_counts_LE,
+            "dropped_slots": out.dropped_slots.detach(),
         }
 
     def validation_step(self, batch: dict, batch_idx: int) -> dict:

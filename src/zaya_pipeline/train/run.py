@@ -157,7 +157,8 @@ def train(cfg: ZayaConfig) -> dict:
 
     with atomic_dir(paths.train) as out:
         world = cfg.parallel.devices if isinstance(cfg.parallel.devices, int) else 1
-        telemetry = TrainTelemetry(tcfg.log_every, tcfg.max_steps, tcfg.micro_batch * tcfg.seq_len * world)
+        tokens_per_step = tcfg.micro_batch * tcfg.seq_len * world
+        telemetry = TrainTelemetry(tcfg.log_every, tcfg.max_steps, tokens_per_step, cfg.model.moe.skip_expert)
         trainer = _trainer(cfg, logger, [telemetry], out)
         with warnings.catch_warnings():
             # On 2 CPU cores loader worker processes only steal time from the model.
