@@ -1,0 +1,170 @@
+"""Architecture ablation on the embedded corpus: CCA vs GQA attention and ZAYA1 vs linear router.
+
+Every arm trains the ``tiny`` model with top-1 routing over 8 experts for the same number of tokens (the
+``train`` preset given), with the expert width of each arm adjusted so that its ACTIVE parameter count
+matches the ZAYA1-style arm (CCA + ZAYA1 router) as closely as an integer width allows. A reference arm
+(plain multi-head attention, linear router, unadjusted) shows where the tiny default sits.
+
+Each run is a real ``zaya train`` (logged to MLflow under the experiment ``zaya_ablation``, run name
+``<arm>-s<seed>``); the tokens must exist (``dvc repro tokenize``). Results: a JSON file with one row per
+run and the per-arm medians over seeds.
+
+    python benchmarks/ablation.py --seeds 1234,1235 --out benchmarks/results/ablation.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOP1 = ["model.moe.top_k=1", "model.moe.num_experts=8"]
+COMPRESSED = ["model.attention.n_heads=4", "model.attention.n_kv_heads=2", "model.attention.head_dim=16"]
+ZAYA1_ROUTER = [
+    "model.moe.router.type=zaya1",
+    "model.moe.router.dim=32",
+    "model.moe.router.aux_loss_coef=0.0",
+]
+CCA = ["model.attention.type=cca", "model.attention.rope_fraction=0.5"]
+
+# arm name -> (overrides, match the target's active parameters?)
+ARMS: dict[str, tuple[list[str], bool]] = {
+    "cca+zaya1": (TOP1 + COMPRESSED + CCA + ZAYA1_ROUTER, False),  # the target
+    "gqa+zaya1": (TOP1 + COMPRESSED + ["model.attention.rope_fraction=0.5"] + ZAYA1_ROUTER, True),
+    "cca+linear": (TOP1 + COMPRESSED + CCA, True),
+    "gqa+linear": (TOP1 + COMPRESSED + ["model.attention.rope_fraction=0.5"], True),
+    "mha+linear (reference)": (TOP1, False),
+}
+TARGET = "cca+zaya1"
+
+
+def model_cfg(overrides: list[str]):
+    from zaya_pipeline.config import load_config
+
+    cfg = load_config(["model=tiny", *overrides])
+    return dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or cfg.tokenizer.vocab_size)
+
+
+def matched_expert_hidden(overrides: list[str], target_active: int) -> int:
+    """The expert width whose active non-embedding parameter count is closest to ``target_active``."""
+    from zaya_pipeline.model.params import num_active_params
+
+    base = model_cfg(overrides)
+
+    def active(width: int) -> int:
+        moe = dataclasses.replace(base.moe, expert_hidden=width)
+        return num_active_params(dataclasses.replace(base, moe=moe), include_embedding=False)
+
+    return min(range(1, 4 * base.moe.expert_hidden), key=lambda w: abs(active(w) - target_active))
+
+
+def load_balance(plots: Path, num_experts: int) -> float:
+    """Mean over layers of max/mean expert load in the last logged interval (skip expert excluded)."""
+    rows = list(csv.DictReader((plots / "expert_load.csv").open()))
+    last = max(int(r["step"]) for r in rows)
+    per_layer: dict[int, list[float]] = {}
+    for r in rows:
+        if int(r["step"]) == last and int(r["expert"]) < num_experts:
+            per_layer.setdefault(int(r["layer"]), []).append(float(r["fraction"]))
+    ratios = [max(f) * len(f) / sum(f) for f in per_layer.values()]
+    return sum(ratios) / len(ratios)
+
+
+def run_arm(name: str, overrides: list[str], seed: int, train: str, workdir: Path) -> dict:
+    from zaya_pipeline.model.params import num_active_params, num_params
+
+    out = workdir / f"{name.split()[0]}-s{seed}"
+    cmd = [
+        str(Path(sys.executable).parent / "zaya"),
+        "train",
+        "model=tiny",
+        f"train={train}",
+        *overrides,
+        f"train.seed={seed}",
+        f"paths.train={out}/train",
+        f"paths.reports={out}/reports",
+        "registry.experiment_name=zaya_ablation",
+        f"registry.run_name={name.split()[0]}-s{seed}",
+    ]
+    print(f"[{name} seed {seed}] {' '.join(cmd[1:])}", flush=True)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    metrics = json.loads((out / "reports" / "train.json").read_text())
+    cfg = model_cfg(overrides)
+    row = {
+        "arm": name,
+        "seed": seed,
+        "val_loss": metrics["val_loss"],
+        "val_over_unigram": metrics["val_over_unigram"],
+        "tokens_seen": metrics["tokens_seen"],
+        "tokens_per_s": metrics["tokens_per_s"],
+        "max_over_mean_load": load_balance(out / "reports" / "plots", cfg.moe.num_experts),
+        "params_active_non_embedding": num_active_params(cfg, include_embedding=False),
+        "params_total_non_embedding": num_params(cfg, include_embedding=False),
+        "expert_hidden": cfg.moe.expert_hidden,
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
+    print(f"[{name} seed {seed}] " + json.dumps(row), flush=True)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--seeds", default="1234,1235", help="comma-separated training seeds (default: %(default)s)"
+    )
+    parser.add_argument("--train", default="default", help="train preset: equal tokens for every arm")
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms (default: all)")
+    parser.add_argument("--workdir", default="/tmp/zaya_ablation", help="where each run writes")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/ablation.json"))
+    args = parser.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    arms = [a.strip() for a in args.arms.split(",")]
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        parser.error(f"unknown arms {unknown}; choose from {list(ARMS)}")
+
+    from zaya_pipeline.model.params import num_active_params
+
+    target = num_active_params(model_cfg(ARMS[TARGET][0]), include_embedding=False)
+    rows = []
+    for name in arms:
+        overrides, match = ARMS[name]
+        if match:
+            overrides = [*overrides, f"model.moe.expert_hidden={matched_expert_hidden(overrides, target)}"]
+        for seed in seeds:
+            rows.append(run_arm(name, overrides, seed, args.train, Path(args.workdir)))
+    summary = {}
+    for name in arms:
+        mine = [r for r in rows if r["arm"] == name]
+        summary[name] = {
+            k: statistics.median(r[k] for r in mine)
+            for k in ("val_loss", "val_over_unigram", "max_over_mean_load", "tokens_per_s")
+        } | {k: mine[0][k] for k in ("params_active_non_embedding", "expert_hidden", "tokens_seen")}
+    result = {
+        "command": "python benchmarks/ablation.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d"),
+        "cpu_count": os.cpu_count(),
+        "seeds": seeds,
+        "train": args.train,
+        "summary_median_over_seeds": summary,
+        "runs": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
