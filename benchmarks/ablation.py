@@ -48,9 +48,9 @@ TARGET = "cca+zaya1"
 
 def model_cfg(overrides: list[str]):
     from zaya_pipeline.config import load_config
+    from zaya_pipeline.model.params import with_resolved_vocab
 
-    cfg = load_config(["model=tiny", *overrides])
-    return dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or cfg.tokenizer.vocab_size)
+    return with_resolved_vocab(load_config(["model=tiny", *overrides]))
 
 
 def matched_expert_hidden(overrides: list[str], target_active: int) -> int:

@@ -11,7 +11,7 @@ from model_cfgs import cca_config, small_config
 
 from zaya_pipeline.config import AttentionConfig, MoEConfig, RouterConfig, load_config
 from zaya_pipeline.model import ZayaLM, num_active_params, num_params
-from zaya_pipeline.model.params import forward_flops_per_token, model_info
+from zaya_pipeline.model.params import forward_flops_per_token, model_info, with_resolved_vocab
 
 CONFIGS = [
     small_config(),
@@ -85,9 +85,7 @@ def test_closed_form_matches_module(cfg, include_embedding):
 
 def preset(name: str):
     """A preset's model config with the vocabulary resolved as ``model-info`` resolves it."""
-    cfg = load_config([f"model={name}"])
-    vocab = cfg.model.vocab_size or cfg.tokenizer.vocab_size
-    return dataclasses.replace(cfg.model, vocab_size=vocab)
+    return with_resolved_vocab(load_config([f"model={name}"]))
 
 
 @pytest.mark.parametrize("name", PRESETS)

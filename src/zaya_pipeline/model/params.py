@@ -90,12 +90,20 @@ def kv_cache_values_per_token(cfg: ModelConfig) -> int:
     return cfg.n_layers * 2 * G * Hd
 
 
+def with_resolved_vocab(cfg) -> ModelConfig:
+    """``cfg.model`` with ``vocab_size: 0`` (= the tokenizer's) replaced by the tokenizer's target size padded
+    as the tokenizer stage pads it, so sizes can be computed before any tokenizer exists."""
+    m = cfg.model
+    if m.vocab_size > 0:
+        return m
+    return dataclasses.replace(
+        m, vocab_size=round_up(cfg.tokenizer.vocab_size, cfg.tokenizer.pad_to_multiple)
+    )
+
+
 def model_info(cfg) -> dict:
     """``zaya model-info model=<preset>``: sizes and FLOPs of the model config as JSON (no weights built)."""
-    m = cfg.model
-    if m.vocab_size <= 0:  # 0 = the tokenizer's: its target size padded as the tokenizer stage pads it
-        vocab = round_up(cfg.tokenizer.vocab_size, cfg.tokenizer.pad_to_multiple)
-        m = dataclasses.replace(m, vocab_size=vocab)
+    m = with_resolved_vocab(cfg)
     fwd = forward_flops_per_token(m)
     info = {
         "name": m.name,
