@@ -116,23 +116,26 @@ class Zaya1Router(nn.Module):
             nn.GELU(),
             nn.Linear(R, E, bias=False),
         )
-        bias_E = torch.zeros(E)
-        if skip_bias_init is not None:
-            bias_E[-1] = skip_bias_init
-        self.register_buffer("expert_bias_E", bias_E)
-        self.register_buffer("load_error_integral_E", torch.zeros(E))
-        self.register_buffer("pending_counts_E", torch.zeros(E), persistent=False)
+        self.register_buffer("expert_bias_E", torch.empty(E))
+        self.register_buffer("load_error_integral_E", torch.empty(E))
+        self.register_buffer("pending_counts_E", torch.empty(E), persistent=False)
+        self._reset_balancing()
+
+    @torch.no_grad()
+    def _reset_balancing(self) -> None:
+        """Controller state at the start of training: zero biases (the skip expert's at skip_bias_init)."""
+        self.expert_bias_E.zero_()
+        if self.skip_bias_init is not None:
+            self.expert_bias_E[-1] = self.skip_bias_init
+        self.load_error_integral_E.zero_()
+        self.pending_counts_E.zero_()
 
     def reset_parameters(self, std: float) -> None:
         for linear in (self.down, self.mlp[0], self.mlp[2], self.mlp[4]):
             nn.init.normal_(linear.weight, std=std)
         if self.eda_scale_R is not None:
             nn.init.zeros_(self.eda_scale_R)
-        self.expert_bias_E.zero_()
-        if self.skip_bias_init is not None:
-            self.expert_bias_E[-1] = self.skip_bias_init
-        self.load_error_integral_E.zero_()
-        self.pending_counts_E.zero_()
+        self._reset_balancing()
 
     def forward(self, x_TD: torch.Tensor, prev_state_TR: torch.Tensor | None = None) -> RouterOutput:
         h_TR = self.down(x_TD)
