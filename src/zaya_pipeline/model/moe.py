@@ -72,6 +72,7 @@ class MoE(nn.Module):
         resolve_backend(cfg.expert_backend)  # fail at build time, not at the first forward
         self.backend = cfg.expert_backend
         self.num_experts = cfg.num_experts
+        self.skip_expert = cfg.skip_expert
         self.capacity_factor = cfg.capacity_factor
         self.aux_loss_coef = cfg.router.aux_loss_coef
         self.z_loss_coef = cfg.router.z_loss_coef
@@ -96,15 +97,16 @@ class MoE(nn.Module):
         x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
         routed = self.router(x_TD, router_state_TR)
         ids_TK, weights_TK = routed.topk_ids_TK, routed.topk_weights_TK
-        keep_TK = ids_TK < self.num_experts  # False for the skip expert
         dropped = torch.zeros((), dtype=torch.long, device=x_TD.device)
-        if self.capacity_factor > 0 and self.training:
-            fits_TK = within_capacity(ids_TK, self.num_experts, self.capacity_factor)
-            dropped = (keep_TK & ~fits_TK).sum()
-            keep_TK = keep_TK & fits_TK
-        if bool(keep_TK.all()):
+        capacity = self.capacity_factor > 0 and self.training
+        if not (self.skip_expert or capacity):  # dropless, no skip: every slot runs (no mask, no host sync)
             y_TD = self._experts(x_TD, ids_TK, weights_TK)
         else:
+            keep_TK = ids_TK < self.num_experts  # False for the skip expert
+            if capacity:
+                fits_TK = within_capacity(ids_TK, self.num_experts, self.capacity_factor)
+                dropped = (keep_TK & ~fits_TK).sum()
+                keep_TK = keep_TK & fits_TK
             # Tokens with no slot left are not computed at all; a kept token's other slots get weight 0.
             rows_N = keep_TK.any(dim=1).nonzero().squeeze(1)
             ids_NK = ids_TK[rows_N].masked_fill(~keep_TK[rows_N], 0)
