@@ -68,7 +68,7 @@ def test_repro_runs_every_stage_and_registers_a_model(workspace):
     registry = json.loads((reports / "registry.json").read_text())
     assert registry["model_uri"].startswith("models:/")
     assert (workspace / "mlflow.db").is_file()
-    for plot in ("train.csv", "val.csv", "expert_load.csv"):
+    for plot in ("train.csv", "val.csv", "expert_load.csv", "schedule.csv"):
         assert (reports / "plots" / plot).stat().st_size > 0
 
 

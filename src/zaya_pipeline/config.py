@@ -25,7 +25,8 @@ class PathsConfig:
     removed: str = "data/removed"  # curate: every dropped document, one folder per drop reason
     tokenizer: str = "artifacts/tokenizer"  # tokenizer: tokenizer.json + meta.json
     tokens: str = "data/tokens"  # tokenize: train/ and val/ token shards
-    train: str = "artifacts/train"  # train: model.pt, run.json, Lightning checkpoint
+    train: str = "artifacts/train"  # train: model.pt, run.json
+    checkpoints: str = "artifacts/checkpoints"  # train: resumable Lightning checkpoints (not a DVC output)
     reports: str = "reports"  # metrics and plots files read by DVC
     logs: str = "logs"  # datatrove logs and completion markers (not tracked)
 
@@ -148,31 +149,123 @@ class ModelConfig:
     moe: MoEConfig = field(default_factory=MoEConfig)
 
 
+def _default_param_groups() -> list[ParamGroupRule]:
+    return [
+        ParamGroupRule(
+            name="no_decay",
+            match=["embed.*", "*norm*", "*temperature*", "*_scale_D", "*_bias_D", "*eda_scale*", "*.bias"],
+            weight_decay=0.0,
+        ),
+        ParamGroupRule(name="head", match=["lm_head.*"]),
+        ParamGroupRule(name="router", match=["*.router.*"]),
+        ParamGroupRule(name="conv", match=["*.conv_*"]),  # CCA's (C, 1|G, K) kernels are not matrices
+        ParamGroupRule(name="hidden", match=["*"], min_ndim=2, optimizer="muon"),
+        ParamGroupRule(name="rest", match=["*"], weight_decay=0.0),
+    ]
+
+
+@dataclass
+class ParamGroupRule:
+    """A parameter belongs to the first rule whose ``match`` globs (fnmatch, on the dotted parameter name)
+    and ``min_ndim`` it satisfies; a parameter no rule matches is a configuration error."""
+
+    name: str = ""
+    match: list[str] = field(default_factory=lambda: ["*"])
+    min_ndim: int = 0
+    optimizer: str = "adamw"  # "muon": Muon when train.optim.name=muon, else AdamW; "adamw": always AdamW
+    weight_decay: float | None = None  # None = train.optim.weight_decay
+    lr_scale: float = 1.0  # multiplies the optimizer's peak LR for this group
+
+
+@dataclass
+class MuonConfig:
+    """Muon (momentum + Newton–Schulz orthogonalization) for the rules with ``optimizer: muon``."""
+
+    lr: float = 3e-3  # peak LR; updates are RMS-matched to AdamW's (0.2 sqrt(max(A, B))), so similar values
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5  # Newton–Schulz iterations
+
+
 @dataclass
 class OptimConfig:
-    name: str = "adamw"
-    lr: float = 3e-3  # peak learning rate
-    min_lr_ratio: float = 0.1  # final LR as a fraction of the peak (cosine)
-    warmup_steps: int = 30
-    weight_decay: float = 0.1
+    name: str = "adamw"  # "adamw" (every group AdamW, fused) or "muon" (Muon for optimizer: muon rules)
+    lr: float = 3e-3  # AdamW peak learning rate
+    weight_decay: float = 0.1  # decoupled; per-rule overrides in param_groups
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
-    grad_clip: float = 1.0  # max global grad norm; 0 = off
+    grad_clip: float = 1.0  # max global grad norm; 0 = off (the norm is still logged)
+    muon: MuonConfig = field(default_factory=MuonConfig)
+    param_groups: list[ParamGroupRule] = field(default_factory=_default_param_groups)
+
+
+@dataclass
+class ScheduleConfig:
+    """LR multiplier over optimizer steps (the peak LRs live in train.optim)."""
+
+    name: str = "cosine"  # "cosine", "wsd" (warmup-stable-decay) or "constant" (after warmup)
+    warmup_steps: int = 30  # linear ramp from 1/warmup_steps to 1
+    min_lr_ratio: float = 0.1  # cosine, wsd: final LR as a fraction of the peak
+    decay_fraction: float = 0.2  # wsd: share of max_steps spent in the final decay
+    decay_steps: int = 0  # wsd: length of the decay in steps; > 0 overrides decay_fraction
+    decay_shape: str = "sqrt"  # wsd: "linear" or "sqrt" (1 - sqrt(progress), Hägele et al. 2024)
+
+
+@dataclass
+class BatchRampConfig:
+    """Batch-size ramp (Megatron-style): sequences per step grow from ``start`` by ``increment`` in equal
+    stages until the full batch (train.global_batch) at step ``steps``; start 0 = no ramp."""
+
+    start: int = 0  # global sequences per step at step 0
+    increment: int = 0  # sequences added per stage
+    steps: int = 0  # step at which the full batch is reached
+    lr_scaling: str = "sqrt"  # LR x (batch / full batch)^p while ramping: "sqrt" p=1/2, "linear" p=1, "none"
+
+
+@dataclass
+class StabilityConfig:
+    spike_zscore: float = 0.0  # a loss this many rolling std above the rolling mean is a spike; 0 = off
+    spike_window: int = 50  # steps in the rolling window (checked once 10 are in)
+    spike_skip: bool = False  # skip the update of a spike step (else only log it)
+    max_skips_in_row: int = 5  # stop with an error after this many skipped steps in a row (spikes or NaN/Inf)
+
+
+@dataclass
+class PhaseConfig:
+    name: str = ""
+    tokens: int = 0  # token budget; 0 = until the end of training (last phase only)
+    weights: dict[str, float] = field(default_factory=dict)  # source name -> sampling weight
+
+
+@dataclass
+class TrainDataConfig:
+    """Multi-phase data mixtures; the defaults train on paths.tokens alone."""
+
+    sources: dict[str, str] = field(default_factory=dict)  # name -> tokens dir; {} = {main: paths.tokens}
+    phases: list[PhaseConfig] = field(default_factory=list)  # [] = one phase over every source, equal weights
 
 
 @dataclass
 class TrainConfig:
     seed: int = 1234
     max_steps: int = 400  # optimizer steps
-    micro_batch: int = 16  # sequences per step
+    micro_batch: int = 16  # sequences per forward pass and rank
+    global_batch: int = 0  # sequences per optimizer step over all ranks; 0 = micro_batch x ranks
     seq_len: int = 128  # tokens per sequence
-    val_every: int = 100  # steps between validation passes
+    val_every: int = 100  # batches between validation passes
     val_batches: int = 8  # batches per validation pass
     log_every: int = 10  # steps between logged train metrics
     precision: str = "32-true"  # Lightning precision ("32-true", "bf16-mixed", ...)
     num_threads: int = 0  # torch CPU threads; 0 = leave torch's default
+    deterministic: bool = False  # torch deterministic algorithms (slower; bitwise-repeatable on one device)
+    checkpoint_every: int = 0  # steps between Lightning checkpoints in paths.checkpoints; 0 = none
+    resume: str = ""  # "" = fresh run; "auto" = latest checkpoint in paths.checkpoints; or a .ckpt path
     optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    batch_ramp: BatchRampConfig = field(default_factory=BatchRampConfig)
+    stability: StabilityConfig = field(default_factory=StabilityConfig)
+    data: TrainDataConfig = field(default_factory=TrainDataConfig)
 
 
 @dataclass

@@ -11,3 +11,7 @@ class ConfigError(ZayaError):
 
 class DataError(ZayaError):
     """A missing, empty or malformed input (corpus folder, JSONL line, tokenizer file, shard)."""
+
+
+class TrainingError(ZayaError):
+    """Training cannot go on (e.g. the loss stayed NaN/Inf or spiking for too many steps in a row)."""

@@ -115,7 +115,7 @@ def test_logs_a_real_mlflow_run(trained):
 
 
 def test_same_seed_same_run(tmp_path, token_dir):
-    short = ("train.max_steps=4", "train.val_every=2", "train.log_every=2", "train.optim.warmup_steps=2")
+    short = ("train.max_steps=4", "train.val_every=2", "train.log_every=2", "train.schedule.warmup_steps=2")
     a = train(debug_config(tmp_path / "a", token_dir, *short))
     b = train(debug_config(tmp_path / "b", token_dir, *short))
     assert a["val_loss"] == b["val_loss"]
@@ -152,7 +152,7 @@ def test_zaya1_router_biases_move_once_per_optimizer_step_and_are_saved(tmp_path
         f"train.max_steps={steps}",
         "train.val_every=3",
         "train.log_every=3",
-        "train.optim.warmup_steps=2",
+        "train.schedule.warmup_steps=2",
         "model.moe.router.type=zaya1",
         "model.moe.router.dim=16",
         "model.moe.router.aux_loss_coef=0.0",

@@ -31,6 +31,7 @@ class MoEOutput:
     num_tokens_per_expert_E: torch.Tensor  # per router choice: the experts, then the skip expert if any
     dropped_slots: torch.Tensor  # (token, slot) pairs over capacity (0 when dropless)
     router_state_TR: torch.Tensor | None = None  # passed to the next layer's router (EDA)
+    z_loss: torch.Tensor | None = None  # the weighted z-loss part of aux_loss, detached (telemetry)
 
 
 def within_capacity(topk_ids_TK: torch.Tensor, num_experts: int, capacity_factor: float) -> torch.Tensor:
@@ -117,7 +118,10 @@ class MoE(nn.Module):
         if self.shared is not None:
             y_TD = y_TD + self.shared(x_TD)
         aux = self.aux_loss_coef * routed.aux_loss + self.z_loss_coef * routed.z_loss
-        return MoEOutput(y_TD.view_as(x_BTD), aux, routed.num_tokens_per_expert_E, dropped, routed.state_TR)
+        z = (self.z_loss_coef * routed.z_loss).detach()
+        return MoEOutput(
+            y_TD.view_as(x_BTD), aux, routed.num_tokens_per_expert_E, dropped, routed.state_TR, z
+        )
 
     def _experts(self, x_TD, ids_TK, weights_TK) -> torch.Tensor:
         return expert_mlp(

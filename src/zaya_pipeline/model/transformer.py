@@ -27,6 +27,7 @@ class LMOutput:
     aux_loss: torch.Tensor  # scalar: sum over layers of the weighted router aux + z losses
     expert_counts_LE: torch.Tensor  # routed (token, slot) pairs per choice and layer (skip last), detached
     dropped_slots: torch.Tensor  # (token, slot) pairs over expert capacity, summed over layers (0: dropless)
+    z_loss: torch.Tensor  # scalar, detached: the weighted router z-loss part of aux_loss (telemetry)
 
 
 def validate_model_config(cfg: ModelConfig) -> None:
@@ -136,11 +137,12 @@ class ZayaLM(nn.Module):
                 f"input of {seq_len} tokens is longer than model.max_seq_len={self.cfg.max_seq_len}"
             )
         x_BTD = self.embed(input_ids_BT)
-        aux_losses, counts, dropped, router_state_TR = [], [], [], None
+        aux_losses, z_losses, counts, dropped, router_state_TR = [], [], [], [], None
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache.layers[i]
             x_BTD, moe = block(x_BTD, router_state_TR, layer_cache, start)
             aux_losses.append(moe.aux_loss)
+            z_losses.append(moe.z_loss)
             counts.append(moe.num_tokens_per_expert_E)
             dropped.append(moe.dropped_slots)
             router_state_TR = moe.router_state_TR
@@ -154,4 +156,5 @@ class ZayaLM(nn.Module):
             torch.stack(aux_losses).sum(),
             torch.stack(counts).detach(),
             torch.stack(dropped).sum(),
+            torch.stack(z_losses).sum(),
         )

@@ -7,6 +7,7 @@ Shape legend:
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -29,25 +30,41 @@ class TrainTelemetry(L.Callback):
     Rows: ``train_rows`` (step, loss, lr, tokens_per_s), ``val_rows`` (step, val_loss), ``load_rows``
     (step, layer, expert, fraction). Time spent in validation is not counted as training time. With a skip
     expert, the last router choice is logged as ``load/l<i>/skip`` and left out of ``max_over_mean``.
+    Tokens are counted per batch (the batch ramp changes them); skipped updates still count as tokens seen.
     """
 
-    def __init__(self, log_every: int, max_steps: int, tokens_per_step: int, skip_expert: bool = False):
+    def __init__(
+        self,
+        log_every: int,
+        max_steps: int,
+        skip_expert: bool = False,
+        source_names: tuple[str, ...] = ("main",),
+    ):
         self.skip_expert = skip_expert
+        self.source_names = source_names
         self.log_every = max(1, log_every)
         self.max_steps = max_steps
-        self.tokens_per_step = tokens_per_step  # over all ranks
         self.train_rows: list[tuple[int, float, float, float]] = []
         self.val_rows: list[tuple[int, float]] = []
         self.load_rows: list[tuple[int, int, int, float]] = []
         self.last_val_step = -1
+        self.last_emitted_step = -1
         self.train_seconds = 0.0
+        self.tokens_seen = 0  # over all ranks, since this process started (a resumed run counts from there)
+        self.skipped_steps = 0
+        self.spikes = 0
         self._reset_interval()
 
     def _reset_interval(self) -> None:
-        self._loss_sum = 0.0
-        self._aux_sum = 0.0
+        self._sums = {"ce": 0.0, "aux": 0.0, "z_loss": 0.0, "grad_norm": 0.0}
         self._dropped = 0
         self._batches = 0
+        self._finite_norms = 0
+        self._tokens = 0
+        self._skipped = 0
+        self._spikes = 0
+        self._sources = [0] * len(self.source_names)
+        self._phase = 0
         self._counts_LE: torch.Tensor | None = None
 
     @property
@@ -60,36 +77,71 @@ class TrainTelemetry(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._t_last = time.perf_counter()
-        self._step_last = trainer.global_step
+        self._step_last = self._start_step = trainer.global_step  # > 0 when resumed
         self._paused = 0.0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._loss_sum += float(outputs["ce"])
-        self._aux_sum += float(outputs["aux"])
+        for key in ("ce", "aux", "z_loss"):
+            self._sums[key] += float(outputs[key])
+        if math.isfinite(outputs["grad_norm"]):
+            self._sums["grad_norm"] += outputs["grad_norm"]
+            self._finite_norms += 1
         self._dropped += int(outputs["dropped_slots"])
+        self._tokens += int(outputs["tokens"])
+        self._skipped += not outputs["applied"]
+        self._spikes += bool(outputs["spike"])
+        self._sources = [a + b for a, b in zip(self._sources, outputs["source_counts"], strict=True)]
+        self._phase = int(outputs["phase"])
         self._batches += 1
         counts = outputs["expert_counts_LE"]
         self._counts_LE = counts.clone() if self._counts_LE is None else self._counts_LE + counts
         step = trainer.global_step
-        if step % self.log_every == 0 or step >= self.max_steps:
+        if step > self.last_emitted_step and (step % self.log_every == 0 or step >= self.max_steps):
             self._emit(trainer, step)
 
     def _emit(self, trainer: L.Trainer, step: int) -> None:
         reduce = trainer.strategy.reduce
+
+        def total(x: float) -> float:
+            return float(reduce(torch.tensor(float(x)), reduce_op="sum"))
+
+        def mean(x: float) -> float:
+            return float(reduce(torch.tensor(float(x)), reduce_op="mean"))
+
         now = time.perf_counter()
         elapsed = now - self._t_last - self._paused
         self.train_seconds += elapsed
-        tokens_per_s = (step - self._step_last) * self.tokens_per_step / max(elapsed, 1e-9)
-        loss = float(reduce(torch.tensor(self._loss_sum / self._batches), reduce_op="mean"))
-        aux = float(reduce(torch.tensor(self._aux_sum / self._batches), reduce_op="mean"))
+        tokens = total(self._tokens)
+        self.tokens_seen += int(tokens)
+        skipped, spikes = int(total(self._skipped) / trainer.world_size), int(total(self._spikes))
+        self.skipped_steps += skipped
+        self.spikes += spikes // trainer.world_size
+        tokens_per_s = tokens / max(elapsed, 1e-9)
+        loss = mean(self._sums["ce"] / self._batches)
         counts_LE = reduce(self._counts_LE.float(), reduce_op="sum")
         frac_LE = counts_LE / counts_LE.sum(dim=1, keepdim=True)
-        lr = trainer.optimizers[0].param_groups[0]["lr"]  # the LR this step used (the scheduler steps after)
-        metrics = {"train/loss": loss, "train/aux_loss": aux, "train/lr": lr}
-        metrics["train/tokens_per_s"] = tokens_per_s
+        groups = trainer.optimizers[0].param_groups
+        lr = groups[0]["lr"]  # the LR this step used (the scheduler steps after)
+        metrics = {
+            "train/loss": loss,
+            "train/aux_loss": mean(self._sums["aux"] / self._batches),
+            "train/z_loss": mean(self._sums["z_loss"] / self._batches),
+            "train/grad_norm": self._sums["grad_norm"] / max(self._finite_norms, 1),
+            "train/lr": lr,
+            "train/tokens_per_s": tokens_per_s,
+            "train/tokens_per_step": tokens / self._batches,
+            "train/tokens_seen": float(self.tokens_seen),
+            "train/skipped_steps": float(self.skipped_steps),
+            "train/spikes": float(self.spikes),
+            "data/phase": float(self._phase),
+        }
+        for group in groups:
+            metrics[f"train/lr/{group.get('name', 'group')}"] = group["lr"]
+        sources = [total(c) for c in self._sources]
+        for name, count in zip(self.source_names, sources, strict=True):
+            metrics[f"data/frac/{name}"] = count / max(sum(sources), 1.0)
         slots = float(counts_LE[0].sum())  # (token, slot) pairs routed per layer in this interval
-        dropped = float(reduce(torch.tensor(float(self._dropped)), reduce_op="sum"))
-        metrics["train/dropped_frac"] = dropped / max(slots * counts_LE.shape[0], 1.0)
+        metrics["train/dropped_frac"] = total(self._dropped) / max(slots * counts_LE.shape[0], 1.0)
         num_experts = frac_LE.shape[1] - int(self.skip_expert)
         for layer, frac_E in enumerate(frac_LE.tolist()):
             for expert, frac in enumerate(frac_E):
@@ -103,11 +155,13 @@ class TrainTelemetry(L.Callback):
         if trainer.logger is not None:
             trainer.logger.log_metrics(metrics, step=step)
         self.train_rows.append((step, loss, lr, tokens_per_s))
-        eta = (self.max_steps - step) * self.train_seconds / max(step, 1)
+        self.last_emitted_step = step
+        eta = (self.max_steps - step) * self.train_seconds / max(step - self._start_step, 1)
         worst = max(metrics[f"load/l{i}/max_over_mean"] for i in range(frac_LE.shape[0]))
         log.info(
-            "step %d/%d  loss %.4f  aux %.4f  lr %.2e  %.0f tok/s  max load/mean %.2f  ETA %s",
-            *(step, self.max_steps, loss, aux, lr, tokens_per_s, worst, _fmt_duration(eta)),
+            "step %d/%d  loss %.4f  aux %.4f  lr %.2e  %.0f tok/s  max load/mean %.2f  skipped %d  ETA %s",
+            *(step, self.max_steps, loss, metrics["train/aux_loss"], lr, tokens_per_s, worst),
+            *(self.skipped_steps, _fmt_duration(eta)),
         )
         # The next interval starts after this bookkeeping: tokens/s measures the training loop itself.
         self._t_last, self._step_last, self._paused = time.perf_counter(), step, 0.0

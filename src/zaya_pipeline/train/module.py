@@ -1,6 +1,15 @@
-"""The LightningModule: next-token cross-entropy plus the routers' auxiliary losses."""
+"""The LightningModule: next-token cross-entropy plus the routers' auxiliary losses, optimized by hand.
+
+Manual optimization, because one optimizer step may hold a variable number of micro-batches (the batch
+ramp) and an update may be skipped (NaN/Inf or a loss spike, see :mod:`zaya_pipeline.train.stability`).
+Each step: forward/backward per micro-batch of ``train.micro_batch`` sequences (losses weighted by their
+share of the batch), global grad norm (clipped to ``train.optim.grad_clip``), the guard's decision, then
+optimizer, scheduler and router-bias updates. A checkpoint also holds the data position and the guard.
+"""
 
 from __future__ import annotations
+
+import math
 
 import lightning as L
 import torch
@@ -9,6 +18,7 @@ import torch.nn.functional as F
 from zaya_pipeline.config import ModelConfig, TrainConfig
 from zaya_pipeline.model.transformer import LMOutput, ZayaLM
 from zaya_pipeline.train.optim import build_optimizer, build_scheduler
+from zaya_pipeline.train.stability import SpikeGuard
 
 
 def lm_loss(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
@@ -17,36 +27,75 @@ def lm_loss(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
 
 
 class ZayaLitModule(L.LightningModule):
-    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig):
+    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, world_size: int = 1):
         super().__init__()
+        self.automatic_optimization = False
         self.model_cfg = model_cfg
         self.train_cfg = train_cfg
+        self.world_size = world_size
         self.model = ZayaLM(model_cfg)
+        self.guard = SpikeGuard(train_cfg.stability)
+        self.batches_consumed = 0  # the data position: the next training batch to draw
 
     def forward(self, input_ids_BT: torch.Tensor) -> LMOutput:
         return self.model(input_ids_BT)
 
     def training_step(self, batch: dict, batch_idx: int) -> dict:
-        out = self.model(batch["input_ids"])
-        ce = lm_loss(out.logits, batch["labels"])
-        # The extra entries feed the telemetry callback (train/callbacks.py); only "loss" is backpropagated.
+        opt, sched = self.optimizers(), self.lr_schedulers()
+        ids_BT, labels_BT = batch["input_ids"], batch["labels"]
+        B, mb = ids_BT.shape[0], self.train_cfg.micro_batch
+        ce = aux = z = dropped = torch.zeros((), device=ids_BT.device)
+        counts_LE = None
+        for start in range(0, B, mb):
+            out = self.model(ids_BT[start : start + mb])
+            chunk_ce = lm_loss(out.logits, labels_BT[start : start + mb])
+            share = min(mb, B - start) / B
+            self.manual_backward((chunk_ce + out.aux_loss) * share)
+            ce, aux = ce + chunk_ce.detach() * share, aux + out.aux_loss.detach() * share
+            z, dropped = z + out.z_loss * share, dropped + out.dropped_slots.detach()
+            counts_LE = out.expert_counts_LE if counts_LE is None else counts_LE + out.expert_counts_LE
+        max_norm = self.train_cfg.optim.grad_clip or math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        # Every rank must take the same decision: decide on the all-rank mean loss and max grad norm.
+        reduce = self.trainer.strategy.reduce
+        mean_ce = float(reduce(ce.clone(), reduce_op="mean"))
+        norm = float(reduce(grad_norm.detach().clone().float(), reduce_op="max"))
+        apply, spike = self.guard.decide(mean_ce, norm)
+        if apply:
+            opt.step()
+            sched.step()
+            self.model.update_router_biases()  # once per optimizer step, after the weights moved
+        opt.zero_grad(set_to_none=True)
+        self.batches_consumed = int(batch["batch_index"]) + 1
+        # Everything here feeds the telemetry callback (train/callbacks.py).
         return {
-            "loss": ce + out.aux_loss,
-            "ce": ce.detach(),
-            "aux": out.aux_loss.detach(),
-            "expert_counts_LE": out.expert_counts_LE,
-            "dropped_slots": out.dropped_slots.detach(),
+            "ce": ce,
+            "aux": aux,
+            "z_loss": z,
+            "expert_counts_LE": counts_LE,
+            "dropped_slots": dropped,
+            "tokens": labels_BT.numel(),
+            "grad_norm": norm,
+            "applied": apply,
+            "spike": spike,
+            "phase": batch.get("phase", 0),
+            "source_counts": batch.get("source_counts", [B]),
         }
 
     def validation_step(self, batch: dict, batch_idx: int) -> dict:
         ce = lm_loss(self.model(batch["input_ids"]).logits, batch["labels"])
         return {"ce": ce, "tokens": batch["labels"].numel()}
 
-    def optimizer_step(self, *args, **kwargs) -> None:
-        super().optimizer_step(*args, **kwargs)
-        self.model.update_router_biases()  # once per optimizer step, after the weights moved
-
     def configure_optimizers(self) -> dict:
         optimizer = build_optimizer(self.model, self.train_cfg.optim)
-        scheduler = build_scheduler(optimizer, self.train_cfg.optim, self.train_cfg.max_steps)
+        scheduler = build_scheduler(optimizer, self.train_cfg, self.world_size)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["zaya"] = {"batches_consumed": self.batches_consumed, "guard": self.guard.state_dict()}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state = checkpoint.get("zaya", {})
+        self.batches_consumed = state.get("batches_consumed", 0)
+        if "guard" in state:
+            self.guard.load_state_dict(state["guard"])

@@ -7,6 +7,8 @@ Outputs:
     <paths.reports>/plots/train.csv        step, loss, lr, tokens_per_s
     <paths.reports>/plots/val.csv          step, val_loss
     <paths.reports>/plots/expert_load.csv  step, layer, expert, fraction
+    <paths.reports>/plots/schedule.csv     step, lr_multiplier, tokens_per_step (the planned schedule)
+    <paths.checkpoints>/step<N>.ckpt       every train.checkpoint_every steps; resume with train.resume=auto
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from zaya_pipeline.data.loader import read_token_meta
 from zaya_pipeline.errors import ConfigError, DataError
 from zaya_pipeline.model.checkpoint import save_model
 from zaya_pipeline.model.params import num_active_params, num_params
+from zaya_pipeline.train.optim import check_batch, check_schedule, planned_schedule
 from zaya_pipeline.utils import atomic_dir, get_logger, remove_outputs, set_project_env, write_json
 
 log = get_logger("train")
@@ -45,12 +48,36 @@ def resolve_model_config(model: ModelConfig, meta: dict) -> ModelConfig:
     return model
 
 
-def check_train_config(train: TrainConfig, model: ModelConfig) -> None:
+def check_train_config(train: TrainConfig, model: ModelConfig, world_size: int = 1) -> None:
     for key in ("max_steps", "micro_batch", "seq_len", "val_every", "val_batches", "log_every"):
         if getattr(train, key) < 1:
             raise ConfigError(f"train.{key} must be >= 1, got {getattr(train, key)}")
     if train.seq_len > model.max_seq_len:
         raise ConfigError(f"train.seq_len={train.seq_len} exceeds model.max_seq_len={model.max_seq_len}")
+    if train.checkpoint_every < 0:
+        raise ConfigError(f"train.checkpoint_every must be >= 0, got {train.checkpoint_every}")
+    check_batch(train, world_size)
+    check_schedule(train.schedule, train.max_steps)
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step of a ``step<N>.ckpt`` file (-1 for other names)."""
+    digits = path.stem.removeprefix("step")
+    return int(digits) if digits.isdigit() else -1
+
+
+def resolve_resume(resume: str, checkpoints: Path) -> Path | None:
+    """``train.resume``: "" = start fresh, "auto" = the latest checkpoint in ``checkpoints`` (fresh when there
+    is none), else a checkpoint file that must exist."""
+    if not resume:
+        return None
+    if resume == "auto":
+        found = sorted(checkpoints.glob("step*.ckpt"), key=checkpoint_step)
+        return found[-1] if found else None
+    path = Path(resume)
+    if not path.is_file():
+        raise ConfigError(f"train.resume: checkpoint {path} does not exist")
+    return path
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -82,25 +109,65 @@ def param_counts(cfg: ModelConfig) -> dict:
     }
 
 
+def group_params(module) -> dict:
+    """The parameter-group assignment as MLflow params: optimizer, weight decay and size of each group."""
+    from zaya_pipeline.train.optim import assign_param_groups
+
+    out = {}
+    for g in assign_param_groups(module.model, module.train_cfg.optim):
+        n = sum(p.numel() for p in g.params)
+        out[f"optim.groups.{g.name}"] = f"{g.optimizer} wd={g.weight_decay} lr_scale={g.lr_scale} params={n}"
+    return out
+
+
+def plot_schedule(rows: list[tuple[int, float, int]], path: Path) -> None:
+    """LR multiplier and tokens per step over the planned run, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r[0] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.plot(steps, [r[1] for r in rows], color="tab:blue")
+    ax.set(xlabel="optimizer step", ylabel="LR / peak LR", title="LR and batch schedule")
+    ax2 = ax.twinx()
+    ax2.plot(steps, [r[2] for r in rows], color="tab:orange")
+    ax2.set_ylabel("tokens per step", color="tab:orange")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _trainer(cfg: ZayaConfig, logger, callbacks: list, root: Path):
     import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
 
     t = cfg.train
+    if t.checkpoint_every:
+        every = ModelCheckpoint(
+            dirpath=cfg.paths.checkpoints,
+            filename="step{step:07d}",
+            auto_insert_metric_name=False,
+            every_n_train_steps=t.checkpoint_every,
+            save_top_k=-1,
+        )
+        callbacks = [*callbacks, every]
     return L.Trainer(
         accelerator=cfg.parallel.accelerator,
         devices=cfg.parallel.devices,
         strategy=cfg.parallel.strategy,
         precision=t.precision,
         max_steps=t.max_steps,
-        gradient_clip_val=t.optim.grad_clip or None,
-        val_check_interval=t.val_every,
-        check_val_every_n_epoch=None,  # validate every val_every steps, across epoch boundaries
+        deterministic=t.deterministic,
+        val_check_interval=t.val_every,  # batches (= steps unless updates are skipped)
+        check_val_every_n_epoch=None,  # the training stream is endless: no epochs
         limit_val_batches=t.val_batches,
         num_sanity_val_steps=0,
         log_every_n_steps=t.log_every,
         logger=logger,
         callbacks=callbacks,
-        enable_checkpointing=False,  # model.pt is written by save_model
+        enable_checkpointing=bool(t.checkpoint_every),  # model.pt is written by save_model
         enable_progress_bar=False,  # TrainTelemetry prints plain lines instead (CI logs)
         enable_model_summary=False,
         default_root_dir=str(root),
@@ -115,13 +182,13 @@ def train(cfg: ZayaConfig) -> dict:
 
     from zaya_pipeline.registry.tracking import setup_mlflow, tracking_uri
     from zaya_pipeline.train.callbacks import TrainTelemetry
-    from zaya_pipeline.train.data import TokenDataModule
+    from zaya_pipeline.train.data import TokenDataModule, source_dirs
     from zaya_pipeline.train.module import ZayaLitModule
 
     t_start = time.perf_counter()
     tcfg, paths = cfg.train, cfg.paths
     reports = Path(paths.reports)
-    plots = {name: reports / "plots" / f"{name}.csv" for name in ("train", "val", "expert_load")}
+    plots = {name: reports / "plots" / f"{name}.csv" for name in ("train", "val", "expert_load", "schedule")}
     remove_outputs(paths.train, reports / "train.json", *plots.values())
     meta = read_token_meta(paths.tokens)
     if "unigram_val_nats_per_token" not in meta:
@@ -129,13 +196,20 @@ def train(cfg: ZayaConfig) -> dict:
             f"{Path(paths.tokens) / 'meta.json'} lacks unigram_val_nats_per_token: run tokenize again"
         )
     model_cfg = resolve_model_config(cfg.model, meta)
-    check_train_config(tcfg, model_cfg)
+    world = cfg.parallel.devices if isinstance(cfg.parallel.devices, int) else 1
+    check_train_config(tcfg, model_cfg, world)
+    ckpt_path = resolve_resume(tcfg.resume, Path(paths.checkpoints))
+    if tcfg.checkpoint_every and ckpt_path is None and any(Path(paths.checkpoints).glob("step*.ckpt")):
+        raise ConfigError(
+            f"{paths.checkpoints} holds checkpoints of an earlier run: continue it with train.resume=auto, "
+            f"or move them away to start fresh"
+        )
     if tcfg.num_threads > 0:
         torch.set_num_threads(tcfg.num_threads)
 
     L.seed_everything(tcfg.seed, workers=True, verbose=False)
-    data = TokenDataModule(paths.tokens, tcfg.seq_len, tcfg.micro_batch, tcfg.seed, model_cfg.vocab_size)
-    module = ZayaLitModule(model_cfg, tcfg)
+    data = TokenDataModule(paths.tokens, tcfg, model_cfg.vocab_size, world)
+    module = ZayaLitModule(model_cfg, tcfg, world)
     sizes = param_counts(model_cfg)
     log.info(
         "model %s: %.2fM params (%.2fM active per token), vocab %d; %d steps of %d x %d tokens",
@@ -153,19 +227,25 @@ def train(cfg: ZayaConfig) -> dict:
     )
     params = flatten(as_dict(cfg))
     params["model.vocab_size"] = model_cfg.vocab_size  # the resolved value, not the 0 placeholder
-    logger.log_hyperparams({**params, **{f"model.{k}": v for k, v in sizes.items()}})
+    logger.log_hyperparams({**params, **{f"model.{k}": v for k, v in sizes.items()}, **group_params(module)})
+    schedule_rows = planned_schedule(tcfg, world)
 
     with atomic_dir(paths.train) as out:
-        world = cfg.parallel.devices if isinstance(cfg.parallel.devices, int) else 1
-        tokens_per_step = tcfg.micro_batch * tcfg.seq_len * world
-        telemetry = TrainTelemetry(tcfg.log_every, tcfg.max_steps, tokens_per_step, cfg.model.moe.skip_expert)
+        sources = tuple(source_dirs(tcfg, paths.tokens))
+        telemetry = TrainTelemetry(tcfg.log_every, tcfg.max_steps, cfg.model.moe.skip_expert, sources)
         trainer = _trainer(cfg, logger, [telemetry], out)
+        if ckpt_path is not None:
+            log.info("resuming from %s", ckpt_path)
         with warnings.catch_warnings():
             # On 2 CPU cores loader worker processes only steal time from the model.
             warnings.filterwarnings("ignore", message=".*does not have many workers.*")
             # Lightning 2.6 calls a torch pytree API that torch 2.13 deprecates; nothing for us to change.
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
-            trainer.fit(module, datamodule=data)
+            # Checkpoints hold the state after the step; a resumed run writes beside the old ones.
+            warnings.filterwarnings("ignore", message=".*ModelCheckpoint with manual optimization.*")
+            warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")
+            warnings.filterwarnings("ignore", message=".*The dirpath has changed from.*")
+            trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
             if telemetry.last_val_step != trainer.global_step:
                 trainer.validate(module, datamodule=data, verbose=False)
         fit_s = time.perf_counter() - t_start
@@ -173,6 +253,8 @@ def train(cfg: ZayaConfig) -> dict:
             save_model(out / "model.pt", module.model, model_cfg)
             run = {"run_id": logger.run_id, "experiment_id": experiment_id, "tracking_uri": uri}
             write_json(out / "run.json", run)
+            plot_schedule(schedule_rows, out / "schedule.png")
+            logger.experiment.log_artifact(logger.run_id, str(out / "schedule.png"))
 
     val_loss = telemetry.val_rows[-1][1]
     unigram = float(meta["unigram_val_nats_per_token"])
@@ -184,7 +266,9 @@ def train(cfg: ZayaConfig) -> dict:
         "unigram_val_nats_per_token": unigram,
         "val_over_unigram": val_loss / unigram,
         "steps": steps,
-        "tokens_seen": steps * telemetry.tokens_per_step,
+        "tokens_seen": telemetry.tokens_seen,
+        "skipped_steps": telemetry.skipped_steps,
+        "loss_spikes": telemetry.spikes,
         "tokens_per_s": telemetry.tokens_per_s_median,
         "train_s": telemetry.train_seconds,
         "wall_s": time.perf_counter() - t_start,
@@ -195,6 +279,7 @@ def train(cfg: ZayaConfig) -> dict:
         write_csv(plots["train"], ("step", "loss", "lr", "tokens_per_s"), telemetry.train_rows)
         write_csv(plots["val"], ("step", "val_loss"), telemetry.val_rows)
         write_csv(plots["expert_load"], ("step", "layer", "expert", "fraction"), telemetry.load_rows)
+        write_csv(plots["schedule"], ("step", "lr_multiplier", "tokens_per_step"), schedule_rows)
         write_json(reports / "train.json", metrics)
     log.info("train: %d steps in %.1f s (until saved: %.1f s)", steps, metrics["wall_s"], fit_s)
     return {

@@ -1,0 +1,150 @@
+"""Training-recipe comparison on the embedded corpus: AdamW vs Muon+AdamW, cosine vs WSD, at equal tokens.
+
+Every arm trains the ``tiny`` model with the ``train`` preset given (same steps, batch and tokens), and
+differs only in ``train/optim`` and ``train/schedule``; validation runs every ``--val-every`` steps so the
+curves can be drawn side by side. Each run is a real ``zaya train`` (MLflow experiment ``zaya_recipe``,
+run name ``<arm>-s<seed>``); the tokens must exist (``dvc repro tokenize``). Writes a JSON file (one row
+per run with its validation curve, and per-arm medians over seeds) and a PNG of the curves.
+
+    python benchmarks/recipe.py --seeds 1234,1235 --out benchmarks/results/recipe.json \
+        --plot docs/img/recipe_val_loss.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# arm name -> overrides
+ARMS: dict[str, list[str]] = {
+    "adamw+cosine": ["train/optim=adamw", "train/schedule=cosine"],
+    "muon+cosine": ["train/optim=muon", "train/schedule=cosine"],
+    "adamw+wsd": ["train/optim=adamw", "train/schedule=wsd"],
+    "muon+wsd": ["train/optim=muon", "train/schedule=wsd"],
+}
+
+
+def run_arm(name: str, seed: int, args: argparse.Namespace) -> dict:
+    out = Path(args.workdir) / f"{name}-s{seed}"
+    cmd = [
+        str(Path(sys.executable).parent / "zaya"),
+        "train",
+        "model=tiny",
+        f"train={args.train}",
+        *ARMS[name],
+        f"train.seed={seed}",
+        f"train.val_every={args.val_every}",
+        f"paths.train={out}/train",
+        f"paths.reports={out}/reports",
+        "registry.experiment_name=zaya_recipe",
+        f"registry.run_name={name}-s{seed}",
+    ]
+    print(f"[{name} seed {seed}] {' '.join(cmd[1:])}", flush=True)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    metrics = json.loads((out / "reports" / "train.json").read_text())
+    with open(out / "reports" / "plots" / "val.csv") as f:
+        curve = [(int(r["step"]), float(r["val_loss"])) for r in csv.DictReader(f)]
+    row = {
+        "arm": name,
+        "seed": seed,
+        "val_loss": metrics["val_loss"],
+        "val_over_unigram": metrics["val_over_unigram"],
+        "tokens_seen": metrics["tokens_seen"],
+        "tokens_per_s": metrics["tokens_per_s"],
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "val_curve": curve,
+    }
+    print(f"[{name} seed {seed}] val_loss {row['val_loss']:.4f}  {row['wall_s']} s", flush=True)
+    return row
+
+
+def plot(rows: list[dict], arms: list[str], path: Path) -> None:
+    """Median-over-seeds validation curves: optimizers compared on the left, schedules on the right."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def median_curve(arm: str) -> tuple[list[int], list[float]]:
+        curves = [r["val_curve"] for r in rows if r["arm"] == arm]
+        steps = [s for s, _ in curves[0]]
+        return steps, [statistics.median(c[i][1] for c in curves) for i in range(len(steps))]
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    panels = (("optimizer", ("cosine", "wsd")), ("schedule", ("adamw", "muon")))
+    for ax, (title, groups) in zip(axes, panels, strict=True):
+        for arm in arms:
+            steps, losses = median_curve(arm)
+            opt, sched = arm.split("+")
+            group = sched if title == "optimizer" else opt
+            style = "-" if (opt == "muon" if title == "optimizer" else sched == "wsd") else "--"
+            color = {groups[0]: "tab:blue", groups[1]: "tab:orange"}[group]
+            ax.plot(steps, losses, style, color=color, label=arm)
+        ax.set(title=f"{title}s compared", xlabel="optimizer step")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    axes[0].set_ylabel("validation loss (nats/token)")
+    lo = min(min(v for _, v in r["val_curve"]) for r in rows)
+    axes[0].set_ylim(lo - 0.1, lo + 1.5)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--seeds", default="1234,1235", help="comma-separated training seeds (default: %(default)s)"
+    )
+    parser.add_argument("--train", default="default", help="train preset: equal tokens for every arm")
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms (default: all)")
+    parser.add_argument("--val-every", type=int, default=25, help="steps between validation passes")
+    parser.add_argument("--workdir", default="/tmp/zaya_recipe", help="where each run writes")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/recipe.json"))
+    parser.add_argument("--plot", default=str(ROOT / "docs/img/recipe_val_loss.png"))
+    args = parser.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    arms = [a.strip() for a in args.arms.split(",")]
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        parser.error(f"unknown arms {unknown}; choose from {list(ARMS)}")
+
+    rows = [run_arm(name, seed, args) for seed in seeds for name in arms]
+    summary = {
+        name: {
+            k: statistics.median(r[k] for r in rows if r["arm"] == name)
+            for k in ("val_loss", "val_over_unigram", "tokens_per_s")
+        }
+        | {"tokens_seen": next(r["tokens_seen"] for r in rows if r["arm"] == name)}
+        for name in arms
+    }
+    result = {
+        "command": "python benchmarks/recipe.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d"),
+        "cpu_count": os.cpu_count(),
+        "seeds": seeds,
+        "train": args.train,
+        "summary_median_over_seeds": summary,
+        "runs": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    plot(rows, arms, Path(args.plot))
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
