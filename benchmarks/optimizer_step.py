@@ -1,9 +1,9 @@
 """Optimizer step time on CPU: fused ``torch.optim.AdamW`` vs ``MuonAdamW`` on one ``small`` block.
 
 One transformer block of the ``small`` preset (the whole 1.05B model with optimizer state does not fit
-comfortably in 24 GiB) gets random gradients. Arm ``adamw``: fused AdamW over every parameter. Arm
-``muon``: Muon on the attention projections and the expert (and shared expert) matrices, AdamW on the
-rest. After warm-up steps the arms are timed interleaved (A, B, A, B, ...) so that machine noise hits
+comfortably in 24 GiB) gets random gradients. Both arms are the train stage's ``build_optimizer`` with the
+default parameter-group rules: ``adamw`` (fused AdamW everywhere) and ``muon`` (Muon on the attention
+projections and expert matrices, fused AdamW on the rest). After warm-up steps the arms are timed interleaved (A, B, A, B, ...) so that machine noise hits
 both; the JSON holds the median seconds per step, the ratio muon / adamw and the parameter counts::
 
     python benchmarks/optimizer_step.py --steps 7 --out benchmarks/results/optimizer_step.json
@@ -17,7 +17,6 @@ import datetime as dt
 import json
 import os
 import platform
-import re
 import shlex
 import statistics
 import subprocess
@@ -28,10 +27,6 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-# hidden matrices: attention q/k/v + output projections, routed expert stacks, shared expert (not the router)
-MUON_NAMES = re.compile(
-    r"attn\.(qkv|out)\.weight$|w_gate_up_EDF2$|w_down_EFD$|shared\.(gate_up|down)\.weight$"
-)
 LR, WD, BETAS = 3e-4, 0.1, (0.9, 0.95)
 
 
@@ -46,16 +41,6 @@ def random_grads(model: torch.nn.Module, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     for p in model.parameters():
         p.grad = torch.randn(p.shape, generator=gen) * 1e-3
-
-
-def muon_groups(model: torch.nn.Module) -> list[dict]:
-    named = list(model.named_parameters())
-    muon = [p for n, p in named if MUON_NAMES.search(n)]
-    rest = [p for n, p in named if not MUON_NAMES.search(n)]
-    return [
-        {"name": "hidden", "optimizer": "muon", "params": muon, "lr": LR, "weight_decay": WD},
-        {"name": "rest", "optimizer": "adamw", "params": rest, "lr": LR, "betas": BETAS, "weight_decay": WD},
-    ]
 
 
 def ns_flops(shape: list[int], steps: int) -> int:
@@ -89,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from zaya_pipeline.train.muon import MuonAdamW
+    from zaya_pipeline.config import OptimConfig
+    from zaya_pipeline.train.optim import build_optimizer
 
     load_before = os.getloadavg()
     torch.manual_seed(0)
@@ -97,15 +83,21 @@ def main(argv: list[str] | None = None) -> int:
     block_b = copy.deepcopy(block_a)
     for seed, block in enumerate((block_a, block_b)):
         random_grads(block, seed)
+    # The train stage's own optimizers and default parameter-group rules (train/optim.py).
+    hp = {"lr": LR, "weight_decay": WD, "beta1": BETAS[0], "beta2": BETAS[1]}
     arms = {
-        "adamw": torch.optim.AdamW(block_a.parameters(), lr=LR, betas=BETAS, weight_decay=WD, fused=True),
-        "muon": MuonAdamW(muon_groups(block_b)),
+        "adamw": build_optimizer(block_a, OptimConfig(name="adamw", **hp)),
+        "muon": build_optimizer(block_b, OptimConfig(name="muon", **hp)),
     }
     groups = arms["muon"].param_groups
-    counts = {g["name"]: sum(p.numel() for p in g["params"]) for g in groups}
-    muon_shapes = {n: list(p.shape) for n, p in block_b.named_parameters() if MUON_NAMES.search(n)}
-    print(f"block of {args.preset}: {sum(counts.values()):,} params; muon {counts['hidden']:,}, "
-          f"adamw {counts['rest']:,}; {torch.get_num_threads()} threads", flush=True)  # fmt: skip
+    muon_ids = {id(p) for g in groups if g["optimizer"] == "muon" for p in g["params"]}
+    counts = {
+        "muon": sum(p.numel() for p in block_b.parameters() if id(p) in muon_ids),
+        "adamw": sum(p.numel() for p in block_b.parameters() if id(p) not in muon_ids),
+    }
+    muon_shapes = {n: list(p.shape) for n, p in block_b.named_parameters() if id(p) in muon_ids}
+    print(f"block of {args.preset}: {sum(counts.values()):,} params; muon {counts['muon']:,}, "
+          f"adamw {counts['adamw']:,}; {torch.get_num_threads()} threads", flush=True)  # fmt: skip
 
     for name, opt in arms.items():
         for i in range(args.warmup):
@@ -118,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     median = {name: statistics.median(ts) for name, ts in times.items()}
     command = ["python", "benchmarks/optimizer_step.py", *(sys.argv[1:] if argv is None else argv)]
-    muon_group = groups[0]
+    muon_group = next(g for g in groups if g["optimizer"] == "muon")
     ns_gflop = sum(ns_flops(shape, muon_group["ns_steps"]) for shape in muon_shapes.values()) / 1e9
     result = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -135,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         "preset": args.preset,
         "what": "one transformer block, random grads; adamw = torch.optim.AdamW(fused=True) over all params, "
         "muon = MuonAdamW (Muon on hidden matrices, fused AdamW on the rest); fp32 on CPU",
-        "params": {"total": sum(counts.values()), "muon": counts["hidden"], "adamw": counts["rest"]},
+        "params": {"total": sum(counts.values()), **counts},
         "muon_param_shapes": muon_shapes,
         "hyperparameters": {
             "lr": LR,

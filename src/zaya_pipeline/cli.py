@@ -76,7 +76,10 @@ def _stage_help(stage: str) -> str:
     lines += ["", f"config groups (from {conf}):"]
     for group in GROUPS:
         members = sorted(p.stem for p in (conf / group).glob("*.yaml")) if (conf / group).is_dir() else []
-        lines.append(f"  {group:<10} {', '.join(members)}")
+        lines.append(f"  {group:<14} {', '.join(members)}")
+        for sub in sorted(p for p in (conf / group).glob("*/") if p.is_dir()):
+            names = sorted(p.stem for p in sub.glob("*.yaml"))
+            lines.append(f"  {group + '/' + sub.name:<14} {', '.join(names)}")
     lines += [
         "",
         "options:",
