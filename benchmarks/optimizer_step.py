@@ -3,8 +3,9 @@
 One transformer block of the ``small`` preset (the whole 1.05B model with optimizer state does not fit
 comfortably in 24 GiB) gets random gradients. Both arms are the train stage's ``build_optimizer`` with the
 default parameter-group rules: ``adamw`` (fused AdamW everywhere) and ``muon`` (Muon on the attention
-projections and expert matrices, fused AdamW on the rest). After warm-up steps the arms are timed interleaved (A, B, A, B, ...) so that machine noise hits
-both; the JSON holds the median seconds per step, the ratio muon / adamw and the parameter counts::
+projections and expert matrices, fused AdamW on the rest). After warm-up steps the arms are timed
+interleaved (A, B, A, B, ...) so that machine noise hits both; the JSON holds the median seconds per step,
+the ratio muon / adamw and the parameter counts::
 
     python benchmarks/optimizer_step.py --steps 7 --out benchmarks/results/optimizer_step.json
 """

@@ -58,7 +58,9 @@ def workspace(tmp_path_factory) -> Path:
 
 def test_repro_runs_every_stage_and_registers_a_model(workspace):
     log = run([str(BIN / "dvc"), "repro"], workspace)
-    assert stages_run(log) == {"prepare", "curate", "tokenizer", "tokenize", "train", "evaluate", "register"}
+    assert stages_run(log) == {
+        *("prepare", "curate", "tokenizer", "tokenize", "eval-data", "train", "evaluate", "register")
+    }
     reports = workspace / "reports"
     curate = json.loads((reports / "curate.json").read_text())
     assert curate["output_docs"] > 0

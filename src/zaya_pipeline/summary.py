@@ -26,6 +26,11 @@ def summary(cfg: ZayaConfig) -> dict:
             f"held-out: loss {loss:.4f} nats/token, perplexity {ppl:.2f}, {bpb:.4f} bits/byte "
             f"(unigram baseline {unigram:.4f} nats/token)"
         )
+        for name, m in metrics.get("tasks", {}).items():
+            lines.append(
+                f"  {name:<14} acc {m['acc']:.3f} ± {m['acc_stderr']:.3f}  "
+                f"(chance {m['chance']:.3f}, n {m['n']})"
+            )
     if train:
         lines.append(
             f"training: {train.get('steps')} steps, {train.get('tokens_seen')} tokens, "

@@ -78,6 +78,8 @@ def make_cfg(root: Path, **eval_overrides) -> ZayaConfig:
     cfg.paths.tokenizer, cfg.paths.tokens = str(root / "tokenizer"), str(root / "tokens")
     cfg.paths.train, cfg.paths.reports = str(root / "train"), str(root / "reports")
     cfg.train.seq_len = 16
+    cfg.paths.eval_tasks = str(root / "eval_tasks")
+    cfg.eval.tasks = []  # the multiple-choice tasks have their own test below
     for k, v in eval_overrides.items():
         setattr(cfg.eval, k, v)
     return cfg
@@ -136,4 +138,32 @@ def test_failures_leave_no_metrics_file(workspace, tmp_path):
         json.dumps({"run_id": "0" * 32, "tracking_uri": workspace["uri"]})
     )
     with pytest.raises(TrackingError, match="not in the MLflow store"):
+        evaluate(cfg)
+
+
+def test_zero_shot_tasks_are_scored_written_and_logged(workspace):
+    from mlflow import MlflowClient
+
+    from zaya_pipeline.eval.task_data import eval_data
+
+    root = workspace["root"]
+    cfg = make_cfg(root, batch_size=8, tasks=["winogrande", "arc_easy"], task_limit=12)
+    eval_data(cfg)
+    evaluate(cfg)
+    metrics = json.loads((root / "reports" / "metrics.json").read_text())
+    assert set(metrics["tasks"]) == {"winogrande", "arc_easy"}
+    wino = metrics["tasks"]["winogrande"]
+    assert wino["n"] == 12 and wino["chance"] == 0.5 and 0 <= wino["acc"] <= 1
+    assert wino["acc_stderr"] == pytest.approx(math.sqrt(wino["acc"] * (1 - wino["acc"]) / 11), abs=1e-6)
+    assert metrics["tasks_above_chance"] == sum(
+        m["acc"] - m["chance"] > m["acc_stderr"] for m in metrics["tasks"].values()
+    )
+    run = MlflowClient(workspace["uri"]).get_run(workspace["run_id"])
+    assert run.data.metrics["eval/tasks/arc_easy/acc"] == pytest.approx(metrics["tasks"]["arc_easy"]["acc"])
+
+
+def test_missing_task_files_name_the_stage(workspace, tmp_path):
+    cfg = make_cfg(workspace["root"], tasks=["piqa"])
+    cfg.paths.eval_tasks = str(tmp_path / "none")
+    with pytest.raises(DataError, match="piqa.jsonl.gz is missing: run the eval-data stage"):
         evaluate(cfg)

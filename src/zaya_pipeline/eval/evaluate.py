@@ -3,10 +3,14 @@
 Writes the DVC metrics file ``<reports>/metrics.json``::
 
     {val_loss, perplexity, bits_per_byte, tokens, bytes, windows, seq_len,
-     unigram_val_nats_per_token, unigram_val_bits_per_byte}
+     unigram_val_nats_per_token, unigram_val_bits_per_byte,
+     tasks: {<task>: {n, acc, acc_stderr, acc_norm, acc_norm_stderr, chance}}, tasks_above_chance}
 
-(loss in nats/token; the unigram figures are the tokenize stage's baseline) and logs the same numbers,
-prefixed ``eval/``, to the training run named in ``<train>/run.json``.
+(loss in nats/token; the unigram figures are the tokenize stage's baseline; ``tasks`` are the zero-shot
+multiple-choice tasks of ``eval.tasks``, the first ``eval.task_limit`` documents of each, and
+``tasks_above_chance`` counts those whose accuracy exceeds chance by more than its standard error) and logs
+the same numbers, prefixed ``eval/`` (``eval/tasks/<task>/acc``, ...), to the training run named in
+``<train>/run.json``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,11 @@ def _check_config(cfg: ZayaConfig, max_seq_len: int) -> int:
         raise ConfigError(f"eval.batch_size must be >= 1, got {ecfg.batch_size}")
     if ecfg.max_batches < 0:
         raise ConfigError(f"eval.max_batches must be >= 0 (0 = all), got {ecfg.max_batches}")
+    if ecfg.task_limit < 0 or ecfg.task_limit == 1:
+        raise ConfigError(
+            f"eval.task_limit must be 0 (all) or >= 2 (a standard error needs two documents), "
+            f"got {ecfg.task_limit}"
+        )
     if ecfg.seq_len < 0:
         raise ConfigError(f"eval.seq_len must be >= 0 (0 = train.seq_len), got {ecfg.seq_len}")
     seq_len = ecfg.seq_len or cfg.train.seq_len
@@ -63,13 +72,53 @@ def log_eval_metrics(client, run_info: dict, metrics: dict) -> None:
     from mlflow.exceptions import MlflowException
 
     now = int(time.time() * 1000)
-    batch = [Metric(f"eval/{k}", float(v), now, 0) for k, v in metrics.items() if isinstance(v, int | float)]
+    flat = dict(metrics)
+    for task, values in flat.pop("tasks", {}).items():
+        flat.update({f"tasks/{task}/{k}": v for k, v in values.items()})
+    batch = [Metric(f"eval/{k}", float(v), now, 0) for k, v in flat.items() if isinstance(v, int | float)]
     try:
         client.log_batch(run_info["run_id"], metrics=batch)
     except MlflowException as exc:
         raise TrackingError(
             f"cannot log to run {run_info['run_id']} in {run_info['tracking_uri']}: {exc}"
         ) from None
+
+
+def score_tasks(cfg: ZayaConfig, model, token_meta: dict, device: str) -> dict:
+    """Zero-shot accuracy of ``model`` on every task of ``cfg.eval.tasks`` (files of the eval-data stage)."""
+    from tokenizers import Tokenizer
+
+    from zaya_pipeline.eval.tasks import load_task, score_choices, task_metrics
+
+    task_dir = Path(cfg.paths.eval_tasks)
+    tokenizer = Tokenizer.from_file(str(Path(cfg.paths.tokenizer) / "tokenizer.json"))
+    out = {}
+    for task in cfg.eval.tasks:
+        path = task_dir / f"{task}.jsonl.gz"
+        if not path.is_file():
+            raise DataError(f"{path} is missing: run the eval-data stage (zaya eval-data) for eval.tasks")
+        start = time.perf_counter()
+        items = load_task(path, cfg.eval.task_limit)
+        logliks = score_choices(
+            model, tokenizer, items, int(token_meta["eos_id"]), cfg.eval.batch_size, device
+        )
+        out[task] = {
+            k: round(v, 6) if isinstance(v, float) else v for k, v in task_metrics(items, logliks).items()
+        }
+        m = out[task]
+        log.info(
+            "%s: acc %.3f ± %.3f, acc_norm %.3f (chance %.3f, %d documents, %.1f s)",
+            *(
+                task,
+                m["acc"],
+                m["acc_stderr"],
+                m["acc_norm"],
+                m["chance"],
+                m["n"],
+                time.perf_counter() - start,
+            ),
+        )
+    return out
 
 
 def evaluate(cfg: ZayaConfig) -> dict:
@@ -114,6 +163,10 @@ def evaluate(cfg: ZayaConfig) -> dict:
             f"the scored tokens of {tokens_dir}/val stand for no text bytes (only special tokens?)"
         )
     metrics = metrics_dict(result, seq_len, token_meta)
+    if cfg.eval.tasks:
+        tasks = score_tasks(cfg, model, token_meta, device)
+        metrics["tasks"] = tasks
+        metrics["tasks_above_chance"] = sum(m["acc"] - m["chance"] > m["acc_stderr"] for m in tasks.values())
     log_eval_metrics(client, run_info, metrics)
     write_json(out, metrics)
     log.info("wrote %s in %.1fs; logged to run %s", out, seconds, run_info["run_id"])
@@ -122,5 +175,6 @@ def evaluate(cfg: ZayaConfig) -> dict:
         "perplexity": metrics["perplexity"],
         "bits_per_byte": metrics["bits_per_byte"],
         "tokens": result.tokens,
+        "tasks_above_chance": metrics.get("tasks_above_chance", 0),
         "seconds": seconds,
     }

@@ -22,7 +22,23 @@ def model_card(model_cfg: ModelConfig, metrics: dict, run_id: str, git_commit: s
         f"* held-out: loss {metrics['val_loss']:.4f} nats/token, perplexity {metrics['perplexity']:.2f}, "
         f"{metrics['bits_per_byte']:.4f} bits/byte over {metrics['tokens']:,} tokens",
         f"* training run `{run_id}`" + (f", code at git commit `{git_commit}`" if git_commit else ""),
+    ]
+    lines += task_table(metrics.get("tasks", {}))
+    lines += [
         "",
         "Load with `mlflow.pyfunc.load_model(uri).predict(['a prompt'], params={'max_new_tokens': 32})`.",
     ]
     return "\n".join(lines)
+
+
+def task_table(tasks: dict) -> list[str]:
+    """Markdown rows of the zero-shot task results (accuracy ± standard error beside chance)."""
+    if not tasks:
+        return []
+    rows = ["", "| task | n | acc | acc (per-byte norm.) | chance |", "|---|---|---|---|---|"]
+    for name, m in tasks.items():
+        rows.append(
+            f"| {name} | {m['n']} | {m['acc']:.3f} ± {m['acc_stderr']:.3f} | "
+            f"{m['acc_norm']:.3f} ± {m['acc_norm_stderr']:.3f} | {m['chance']:.3f} |"
+        )
+    return rows
