@@ -25,6 +25,7 @@ def make_cfg(root: Path) -> ZayaConfig:
     cfg.paths.tokenizer, cfg.paths.tokens = str(root / "tokenizer"), str(root / "tokens")
     cfg.paths.train, cfg.paths.reports = str(root / "train"), str(root / "reports")
     cfg.train.seq_len, cfg.eval.max_batches = 16, 2
+    cfg.eval.tasks = []  # multiple-choice tasks are tested in tests/eval
     cfg.registry.tracking_uri = f"sqlite:///{root}/mlflow.db"
     cfg.registry.model_name = "zaya-test"
     return cfg
