@@ -57,6 +57,7 @@ def _usage() -> str:
     lines = ["usage: zaya <stage> [--params FILE] [-m] [key=value ...]", "", "stages:"]
     lines += [f"  {name:<10} {stage.help}" for name, stage in STAGES.items()]
     lines += [f"  {'params':<10} {PARAMS_HELP} (--out FILE, default params.yaml)"]
+    lines += [f"  {'generate':<10} generate with a registered model: --model models:/<name>@champion PROMPT"]
     lines += [
         "",
         "Without --params the config is composed from conf/ (Hydra): pick group members with group=member",
@@ -142,6 +143,17 @@ def _params_command(argv: list[str]) -> None:
         sys.exit(2)
 
 
+def _generate_command(argv: list[str]) -> None:
+    from zaya_pipeline.registry.generate import generate
+
+    try:
+        for text in generate(argv):
+            print(text)
+    except ZayaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     set_project_env()
@@ -152,6 +164,9 @@ def main(argv: list[str] | None = None) -> None:
     stage, rest = argv[0], argv[1:]
     if stage == "params":
         _params_command(rest)
+        return
+    if stage == "generate":
+        _generate_command(rest)
         return
     if stage not in STAGES:
         print(f"error: unknown stage '{stage}'\n\n{_usage()}", file=sys.stderr)

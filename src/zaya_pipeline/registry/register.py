@@ -5,8 +5,12 @@ The logged model holds model.pt, tokenizer.json, the tokenizer's meta.json, the 
 loading after the code moves on), with pinned pip requirements (no slow requirement inference). The
 version is tagged with the git commit and the eval metrics and described by a model card.
 
+Idempotent: weights already registered under the model name (same sha256) create no new version. A new
+version gets lineage tags and the aliases of :mod:`zaya_pipeline.registry.lineage` (``candidate``, and
+``champion`` when it beats the current one); if tagging fails half-way the version is deleted again.
+
 Writes ``<reports>/registry.json``: {model_name, version, model_uri ("models:/<name>/<version>"), run_id,
-tracking_uri, registry_uri, logged_model_uri}.
+tracking_uri, registry_uri, logged_model_uri, reused, champion, promoted, decision}.
 """
 
 from __future__ import annotations
@@ -20,6 +24,14 @@ from pathlib import Path
 
 from zaya_pipeline.config import ZayaConfig
 from zaya_pipeline.errors import ConfigError, DataError
+from zaya_pipeline.registry.lineage import (
+    WEIGHTS_TAG,
+    apply_aliases,
+    dvc_lock_hashes,
+    existing_version,
+    file_sha256,
+    metric_value,
+)
 from zaya_pipeline.registry.tracking import (
     TrackingError,
     get_run,
@@ -119,6 +131,50 @@ def _model_config(path: Path):
         raise DataError(f"{path} is not a zaya model checkpoint: {exc}") from None
 
 
+def lineage_tags(cfg, metrics, weights, config_sha, commit, dirty, value) -> dict[str, str]:
+    """Version tags: eval metrics, weights / config hashes, DVC-locked data hashes, token counts, git."""
+    tags = {f"eval.{k}": str(metrics[k]) for k in METRIC_TAGS if k in metrics}
+    for task, m in metrics.get("tasks", {}).items():
+        tags[f"eval.{task}.acc"] = str(m["acc"])
+    tags |= {
+        WEIGHTS_TAG: weights,
+        "config_sha256": config_sha,
+        f"promote.{cfg.registry.promote_metric}": str(value),
+    }
+    locked = {"lineage.tokens_md5": cfg.paths.tokens, "lineage.tokenizer_md5": cfg.paths.tokenizer}
+    tags |= dvc_lock_hashes(Path("dvc.lock"), locked)
+    meta = Path(cfg.paths.tokens) / "meta.json"
+    if meta.is_file():
+        token_meta = read_json(meta)
+        for split in ("train", "val"):
+            if isinstance(token_meta.get(split), dict) and "tokens" in token_meta[split]:
+                tags[f"data.{split}_tokens"] = str(token_meta[split]["tokens"])
+    if commit:
+        tags |= {"git_commit": commit, "git_dirty": str(dirty).lower()}
+    return tags
+
+
+def _call_store(uri: str, fn):
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return fn()
+    except MlflowException as exc:
+        raise TrackingError(f"the model registry at {uri} failed: {exc.message}") from None
+
+
+def _result(name, version, run_id, uri, registry_uri, logged_model_uri) -> dict:
+    return {
+        "model_name": name,
+        "version": str(version),
+        "model_uri": f"models:/{name}/{version}",
+        "run_id": run_id,
+        "tracking_uri": uri,
+        "registry_uri": registry_uri,
+        "logged_model_uri": logged_model_uri,
+    }
+
+
 def register(cfg: ZayaConfig) -> dict:
     from mlflow import MlflowClient
 
@@ -136,33 +192,50 @@ def register(cfg: ZayaConfig) -> dict:
     inputs = _inputs(cfg)
     get_run(uri, run_id)
     metrics = read_json(inputs["metrics"])
+    value = metric_value(metrics, cfg.registry.promote_metric)  # a bad metric name fails before any logging
     model_cfg = _model_config(inputs["model"])
     commit, dirty = git_commit()
+    name, weights = cfg.registry.model_name, file_sha256(inputs["model"])
+
+    existing = _call_store(uri, lambda: existing_version(MlflowClient(tracking_uri=uri), name, weights))
+    if existing is not None:
+        log.info("these weights are already %s v%s: no new version", name, existing.version)
+        result = _result(name, existing.version, run_id, uri, uri, existing.source) | {"reused": True}
+        write_json(out, result)
+        return {"model_uri": result["model_uri"], "run_id": run_id, "reused": True}
 
     with tempfile.TemporaryDirectory(prefix="zaya-register-") as tmp:
-        artifacts = {name: str(path) for name, path in inputs.items()}
-        artifacts["config"] = str(_write_config(cfg, Path(tmp) / "config.yaml"))
+        artifacts = {key: str(path) for key, path in inputs.items()}
+        config = _write_config(cfg, Path(tmp) / "config.yaml")
+        artifacts["config"] = str(config)
+        card = model_card(model_cfg, metrics, run_id, commit)
+        (Path(tmp) / "MODEL_CARD.md").write_text(card, encoding="utf-8")
+        artifacts["model_card"] = str(Path(tmp) / "MODEL_CARD.md")
+        tags = lineage_tags(cfg, metrics, weights, file_sha256(config), commit, dirty, value)
         info, registry_uri = _log_model(cfg, run_id, uri, artifacts)
-    name, version = cfg.registry.model_name, str(info.registered_model_version)
+    version = str(info.registered_model_version)
     client = MlflowClient(tracking_uri=uri, registry_uri=registry_uri)
 
-    tags = {f"eval.{k}": str(metrics[k]) for k in METRIC_TAGS if k in metrics}
-    if commit:
-        tags |= {"git_commit": commit, "git_dirty": str(dirty).lower()}
-    for key, value in tags.items():
-        client.set_model_version_tag(name, version, key, value)
-    client.update_model_version(name, version, description=model_card(model_cfg, metrics, run_id, commit))
+    def finish() -> dict:
+        for key, tag in tags.items():
+            client.set_model_version_tag(name, version, key, tag)
+        client.update_model_version(name, version, description=card)
+        return apply_aliases(client, cfg.registry, name, version, value)
 
-    result = {
-        "model_name": name,
-        "version": version,
-        "model_uri": f"models:/{name}/{version}",
-        "run_id": run_id,
-        "tracking_uri": uri,
-        "registry_uri": registry_uri,
-        "logged_model_uri": info.model_uri,
-    }
+    try:
+        aliases = _call_store(uri, finish)
+    except Exception:
+        # No half-registered version: one without its tags or aliases would look complete in the UI.
+        _call_store(uri, lambda: client.delete_model_version(name, version))
+        raise
+    result = _result(name, version, run_id, uri, registry_uri, info.model_uri) | {"reused": False, **aliases}
     write_json(out, result)
     seconds = round(time.perf_counter() - start, 2)
     log.info("registered %s (run %s) in %.1fs", result["model_uri"], run_id, seconds)
-    return {"model_uri": result["model_uri"], "run_id": run_id, "seconds": seconds}
+    return {
+        "model_uri": result["model_uri"],
+        "run_id": run_id,
+        "champion": result["champion"],
+        "promoted": result["promoted"],
+        "seconds": seconds,
+    }
