@@ -18,7 +18,7 @@ help: ## list the targets
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --disable-pip-version-check -q -e ".[triton,dev]"
+	$(BIN)/pip install --disable-pip-version-check -q -e ".[triton,dev,lmeval]"
 	$(BIN)/pip check
 	touch $(STAMP)
 

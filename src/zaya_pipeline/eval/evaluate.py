@@ -30,6 +30,56 @@ from zaya_pipeline.utils import get_logger, remove_outputs, write_json
 log = get_logger("eval")
 
 METRICS_FILE = "metrics.json"
+SAMPLES_FILE = "samples.json"
+SAMPLING = {"temperature": 0.8, "top_p": 0.95, "seed": 0}  # the "sampled" generation samples
+
+
+def write_samples(cfg: ZayaConfig, model, token_meta: dict, path: Path) -> Path:
+    """Greedy and sampled continuations of ``eval.sample_prompts`` as JSON (fixed seed: reproducible)."""
+    from tokenizers import Tokenizer
+
+    from zaya_pipeline.model.generate import continue_prompts
+
+    tokenizer = Tokenizer.from_file(str(Path(cfg.paths.tokenizer) / "tokenizer.json"))
+    prompts, n, eos = list(cfg.eval.sample_prompts), cfg.eval.sample_tokens, int(token_meta["eos_id"])
+    greedy = continue_prompts(model, tokenizer, eos, prompts, n)
+    sampled = continue_prompts(model, tokenizer, eos, prompts, n, **SAMPLING)
+    rows = [
+        {"prompt": p, "greedy": g, "sampled": s} for p, g, s in zip(prompts, greedy, sampled, strict=True)
+    ]
+    return write_json(path, {"max_new_tokens": n, "sampling": SAMPLING, "samples": rows})
+
+
+def write_task_plots(tasks: dict, plots: Path) -> list[Path]:
+    """``tasks.csv`` (a DVC bar plot; only a header without tasks) and, with tasks, ``tasks.png``: accuracy
+    ± standard error beside chance per task."""
+    import csv
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots.mkdir(parents=True, exist_ok=True)
+    with open(plots / "tasks.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["task", "acc", "acc_norm", "chance"])
+        writer.writerows([name, m["acc"], m["acc_norm"], m["chance"]] for name, m in tasks.items())
+    if not tasks:
+        return [plots / "tasks.csv"]
+    names = list(tasks)
+    fig, ax = plt.subplots(figsize=(1.3 * len(names) + 2, 3.5))
+    x = range(len(names))
+    ax.bar(x, [tasks[t]["acc"] for t in names], yerr=[tasks[t]["acc_stderr"] for t in names], capsize=4,
+           color="tab:blue", label="accuracy ± s.e.")  # fmt: skip
+    ax.scatter(x, [tasks[t]["chance"] for t in names], marker="_", s=600, color="black", label="chance")
+    ax.set_xticks(list(x), names, rotation=20)
+    ax.set(ylabel="accuracy", ylim=(0, 1), title="zero-shot multiple choice")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(plots / "tasks.png", dpi=100)
+    plt.close(fig)
+    return [plots / "tasks.csv", plots / "tasks.png"]
 
 
 def _check_config(cfg: ZayaConfig, max_seq_len: int) -> int:
@@ -126,7 +176,8 @@ def evaluate(cfg: ZayaConfig) -> dict:
     from zaya_pipeline.model.checkpoint import load_model
 
     out = Path(cfg.paths.reports) / METRICS_FILE
-    remove_outputs(out)
+    plots = Path(cfg.paths.reports) / "plots"
+    remove_outputs(out, Path(cfg.paths.reports) / SAMPLES_FILE, plots / "tasks.csv", plots / "tasks.png")
     train_dir, tokens_dir = Path(cfg.paths.train), Path(cfg.paths.tokens)
     run_info = read_run_info(train_dir)
     # Open the run first: an unreachable store should fail before minutes of scoring, not after.
@@ -169,6 +220,10 @@ def evaluate(cfg: ZayaConfig) -> dict:
         metrics["tasks_above_chance"] = sum(m["acc"] - m["chance"] > m["acc_stderr"] for m in tasks.values())
     log_eval_metrics(client, run_info, metrics)
     write_json(out, metrics)
+    extras = [write_samples(cfg, model, token_meta, Path(cfg.paths.reports) / SAMPLES_FILE)]
+    extras += write_task_plots(metrics.get("tasks", {}), Path(cfg.paths.reports) / "plots")
+    for path in extras:
+        client.log_artifact(run_info["run_id"], str(path), artifact_path="eval")
     log.info("wrote %s in %.1fs; logged to run %s", out, seconds, run_info["run_id"])
     return {
         "val_loss": metrics["val_loss"],

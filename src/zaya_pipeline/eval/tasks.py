@@ -195,8 +195,28 @@ def score_choices(
     """
     assert batch_size > 0
     reqs = _requests(tokenizer, items, eos_id, model.cfg.max_seq_len)
+    scores = [
+        loglik for loglik, _ in score_token_requests(model, reqs, eos_id, batch_size, device, log_every_s)
+    ]
+    out, k = [], 0
+    for it in items:
+        out.append(scores[k : k + len(it.continuations)])
+        k += len(it.continuations)
+    return out
+
+
+def score_token_requests(
+    model: torch.nn.Module,
+    reqs: list[tuple[list[int], int]],
+    pad_id: int,
+    batch_size: int = 32,
+    device: str | torch.device = "cpu",
+    log_every_s: float = 30.0,
+) -> list[tuple[float, bool]]:
+    """(Σ ln p of the last ``n`` tokens, whether each of them was the argmax) per ``(tokens, n)`` request,
+    in request order; batched longest first, right-padded, in eval mode and ``inference_mode``."""
     order = sorted(range(len(reqs)), key=lambda r: -len(reqs[r][0]))
-    scores = [0.0] * len(reqs)
+    scores: list[tuple[float, bool]] = [(0.0, False)] * len(reqs)
     was_training = model.training
     model.eval()
     start = last = time.monotonic()
@@ -205,24 +225,20 @@ def score_choices(
             for b in range(0, len(order), batch_size):
                 rows = order[b : b + batch_size]
                 for r, s in zip(
-                    rows, _score_batch(model, [reqs[r] for r in rows], eos_id, device), strict=True
+                    rows, _score_batch(model, [reqs[r] for r in rows], pad_id, device), strict=True
                 ):
                     scores[r] = s
                 now = time.monotonic()
                 if now - last >= log_every_s or b + batch_size >= len(order):
                     last = now
                     done = min(b + batch_size, len(order))
-                    log.info("scored %d/%d choices, %.1f/s", done, len(order), done / max(now - start, 1e-9))
+                    log.info("scored %d/%d requests, %.1f/s", done, len(order), done / max(now - start, 1e-9))
     finally:
         model.train(was_training)
-    out, k = [], 0
-    for it in items:
-        out.append(scores[k : k + len(it.continuations)])
-        k += len(it.continuations)
-    return out
+    return scores
 
 
-def _score_batch(model, reqs: list[tuple[list[int], int]], pad_id: int, device) -> list[float]:
+def _score_batch(model, reqs: list[tuple[list[int], int]], pad_id: int, device) -> list[tuple[float, bool]]:
     T = max(len(tokens) for tokens, _ in reqs) - 1
     ids_BT = torch.full((len(reqs), T), pad_id, dtype=torch.long)
     rows, pos, tgt = [], [], []
@@ -236,7 +252,10 @@ def _score_batch(model, reqs: list[tuple[list[int], int]], pad_id: int, device) 
     rows_N, tgt_N = torch.tensor(rows, device=device), torch.tensor(tgt, device=device)
     logp_NV = logits_BTV[rows_N, torch.tensor(pos, device=device)].float().log_softmax(-1)
     logp_N = logp_NV.gather(-1, tgt_N[:, None]).squeeze(-1).double().cpu()
-    return torch.zeros(len(reqs), dtype=torch.float64).index_add_(0, rows_N.cpu(), logp_N).tolist()
+    sums = torch.zeros(len(reqs), dtype=torch.float64).index_add_(0, rows_N.cpu(), logp_N).tolist()
+    missed_N = (logp_NV.argmax(-1) != tgt_N).long().cpu()
+    missed = torch.zeros(len(reqs), dtype=torch.long).index_add_(0, rows_N.cpu(), missed_N).tolist()
+    return [(total, miss == 0) for total, miss in zip(sums, missed, strict=True)]
 
 
 # ---------------------------------------------------------------------------------------------------- metrics

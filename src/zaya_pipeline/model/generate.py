@@ -71,3 +71,31 @@ def generate(
         if eos_id is not None and bool(done_B.all()):
             break
     return ids_BT
+
+
+def continue_prompts(
+    model: ZayaLM,
+    tokenizer,
+    eos_id: int,
+    prompts: list[str],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+) -> list[str]:
+    """The decoded continuation of each prompt (EOS first, as every training document followed an EOS;
+    cut at the first EOS). ``tokenizer`` is a ``tokenizers.Tokenizer``; prompts are decoded one by one."""
+    if device is None:
+        first = next(model.parameters(), None)
+        device = first.device if first is not None else torch.device("cpu")
+    generator = torch.Generator(device=device).manual_seed(int(seed))
+    out = []
+    for prompt in prompts:
+        ids = [eos_id, *tokenizer.encode(prompt, add_special_tokens=False).ids]
+        ids_BT = torch.tensor([ids], dtype=torch.long, device=device)
+        full_BT = generate(model, ids_BT, max_new_tokens, temperature, top_p, eos_id, generator)
+        new = full_BT[0, len(ids) :].tolist()
+        new = new[: new.index(eos_id)] if eos_id in new else new
+        out.append(tokenizer.decode(new, skip_special_tokens=True))
+    return out

@@ -74,9 +74,7 @@ class ZayaGenerator(mlflow.pyfunc.PythonModel):
     # Annotated as a DataFrame (what MLflow's schema enforcement hands over) so that MLflow takes the logged
     # signature rather than inferring one from the hint; direct calls may pass a list too.
     def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> list[str]:
-        import torch
-
-        from zaya_pipeline.model.generate import generate
+        from zaya_pipeline.model.generate import continue_prompts
 
         p = {**DEFAULT_PARAMS, **{k: v for k, v in (params or {}).items() if v is not None}}
         unknown = sorted(set(p) - set(DEFAULT_PARAMS))
@@ -85,21 +83,14 @@ class ZayaGenerator(mlflow.pyfunc.PythonModel):
         max_new = int(p["max_new_tokens"])
         if max_new < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new}")
-        generator = torch.Generator(device=self.device).manual_seed(int(p["seed"]))
-        out = []
-        for prompt in prompts_of(model_input):
-            ids = [self.eos_id, *self.tokenizer.encode(prompt, add_special_tokens=False).ids]
-            ids_BT = torch.tensor([ids], dtype=torch.long, device=self.device)
-            full_BT = generate(
-                self.model,
-                ids_BT,
-                max_new,
-                float(p["temperature"]),
-                float(p["top_p"]),
-                self.eos_id,
-                generator,
-            )
-            new = full_BT[0, len(ids) :].tolist()
-            new = new[: new.index(self.eos_id)] if self.eos_id in new else new
-            out.append(self.tokenizer.decode(new, skip_special_tokens=True))
-        return out
+        return continue_prompts(
+            self.model,
+            self.tokenizer,
+            self.eos_id,
+            list(prompts_of(model_input)),
+            max_new,
+            float(p["temperature"]),
+            float(p["top_p"]),
+            int(p["seed"]),
+            self.device,
+        )
