@@ -110,6 +110,8 @@ def test_lineage_tags_and_the_model_card_artifact(workspace, copy_of):
     assert len(version.tags["config_sha256"]) == 64 and version.tags["promote.bits_per_byte"] == "1.9"
     assert version.tags["eval.bits_per_byte"] == "1.9" and "git_commit" in version.tags
     assert "# " in version.description and "parameters:" in version.description
+    assert "* training: " in version.description and "adamw optimizer" in version.description
+    assert "Limits:" in version.description
 
 
 def test_a_store_failure_after_the_version_exists_leaves_no_version(workspace, copy_of, monkeypatch):

@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 
 import mlflow
 import pytest
+import torch
 from mlflow import MlflowClient
 
 from zaya_pipeline.errors import DataError
@@ -71,6 +72,17 @@ def test_logged_model_holds_the_artifacts_and_pinned_requirements(registered):
     local = Path(urlparse(logged.artifact_location).path)
     names = {p.name for p in (local / "artifacts").iterdir()}
     assert {"model.pt", "tokenizer.json", "meta.json", "config.yaml", "metrics.json"} <= names
+    assert {"model.safetensors", "model_config.json", "MODEL_CARD.md"} <= names
+    # The safetensors copy holds the same weights and loads without pickle.
+    from zaya_pipeline.model.checkpoint import load_model, load_safetensors
+
+    st_model, st_cfg = load_safetensors(
+        local / "artifacts" / "model.safetensors", local / "artifacts" / "model_config.json"
+    )
+    pt_model, pt_cfg = load_model(registered["root"] / "train" / "model.pt")
+    assert st_cfg == pt_cfg
+    for key, value in pt_model.state_dict().items():
+        assert torch.equal(st_model.state_dict()[key], value), key
     config = (local / "artifacts" / "config.yaml").read_text()
     assert "moe:" in config and "model_name: zaya-test" in config  # the resolved config, every group
     assert (local / "code" / "zaya_pipeline" / "model" / "transformer.py").is_file()

@@ -68,3 +68,31 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> tu
     model = ZayaLM(cfg)
     model.load_state_dict(state)
     return model.to(map_location).eval(), cfg
+
+
+def save_safetensors(model_pt: str | Path, out_dir: str | Path) -> tuple[Path, Path]:
+    """``model.safetensors`` (the state dict; a tied weight stored once) and ``model_config.json`` from a
+    ``model.pt``: the native weights in a format any framework reads without unpickling."""
+    import json
+    from dataclasses import asdict
+
+    from safetensors.torch import save_model as save_st
+
+    model, cfg = load_model(model_pt)
+    out_dir = Path(out_dir)
+    weights, config = out_dir / "model.safetensors", out_dir / "model_config.json"
+    save_st(model, str(weights))
+    config.write_text(json.dumps(asdict(cfg), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return weights, config
+
+
+def load_safetensors(weights: str | Path, config: str | Path) -> tuple[ZayaLM, ModelConfig]:
+    """The model written by :func:`save_safetensors`, in eval mode on the CPU."""
+    import json
+
+    from safetensors.torch import load_model as load_st
+
+    cfg = model_config_from_dict(json.loads(Path(config).read_text()), str(config))
+    model = ZayaLM(cfg)
+    load_st(model, str(weights))
+    return model.eval(), cfg

@@ -5,7 +5,16 @@ from __future__ import annotations
 from zaya_pipeline.config import ModelConfig
 
 
-def model_card(model_cfg: ModelConfig, metrics: dict, run_id: str, git_commit: str | None) -> str:
+def model_card(
+    model_cfg: ModelConfig,
+    metrics: dict,
+    run_id: str,
+    git_commit: str | None,
+    data: dict | None = None,
+    training: dict | None = None,
+) -> str:
+    """``data``: token counts per split (tokenize meta.json); ``training``: the train stage's report plus the
+    optimizer and schedule names."""
     from zaya_pipeline.model.params import num_active_params, num_params
 
     moe, attn = model_cfg.moe, model_cfg.attention
@@ -23,8 +32,20 @@ def model_card(model_cfg: ModelConfig, metrics: dict, run_id: str, git_commit: s
         f"{metrics['bits_per_byte']:.4f} bits/byte over {metrics['tokens']:,} tokens",
         f"* training run `{run_id}`" + (f", code at git commit `{git_commit}`" if git_commit else ""),
     ]
+    if data:
+        lines.append(
+            f"* data: {data.get('train', '?'):,} training / {data.get('val', '?'):,} validation tokens"
+        )
+    if training:
+        lines.append(
+            f"* training: {training.get('steps', '?')} steps, {training.get('tokens_seen', 0):,} tokens, "
+            f"{training.get('optimizer', '?')} optimizer, {training.get('schedule', '?')} LR schedule"
+        )
     lines += task_table(metrics.get("tasks", {}))
     lines += [
+        "",
+        "Limits: a research model of this pipeline, trained on the corpus above only. It has no safety "
+        "tuning, and its task scores are zero-shot figures on a limited document count (see n).",
         "",
         "Load with `mlflow.pyfunc.load_model(uri).predict(['a prompt'], params={'max_new_tokens': 32})`.",
     ]

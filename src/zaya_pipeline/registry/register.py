@@ -1,9 +1,9 @@
 """``zaya register``: log the trained model to its MLflow run as a pyfunc and register a version of it.
 
-The logged model holds model.pt, tokenizer.json, the tokenizer's meta.json, the resolved config
-(config.yaml), the eval metrics (metrics.json) and a copy of the ``zaya_pipeline`` package (so a version keeps
-loading after the code moves on), with pinned pip requirements (no slow requirement inference). The
-version is tagged with the git commit and the eval metrics and described by a model card.
+The logged model holds model.pt (and the same weights as model.safetensors + model_config.json, for other
+frameworks), tokenizer.json, the tokenizer's meta.json, the resolved config (config.yaml), the eval metrics
+(metrics.json), MODEL_CARD.md and a copy of the ``zaya_pipeline`` package (so a version keeps loading after
+the code moves on), with pinned pip requirements (no slow requirement inference).
 
 Idempotent: weights already registered under the model name (same sha256) create no new version. A new
 version gets lineage tags and the aliases of :mod:`zaya_pipeline.registry.lineage` (``candidate``, and
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from zaya_pipeline.config import ZayaConfig
 from zaya_pipeline.errors import ConfigError, DataError
+from zaya_pipeline.model.checkpoint import save_safetensors
 from zaya_pipeline.registry.lineage import (
     WEIGHTS_TAG,
     apply_aliases,
@@ -154,6 +155,21 @@ def lineage_tags(cfg, metrics, weights, config_sha, commit, dirty, value) -> dic
     return tags
 
 
+def _card_context(cfg: ZayaConfig) -> tuple[dict, dict]:
+    """(token counts per split, training summary) for the model card, from the stage reports if present."""
+    data, training = {}, {"optimizer": cfg.train.optim.name, "schedule": cfg.train.schedule.name}
+    meta = Path(cfg.paths.tokens) / "meta.json"
+    if meta.is_file():
+        m = read_json(meta)
+        data = {
+            s: m[s]["tokens"] for s in ("train", "val") if isinstance(m.get(s), dict) and "tokens" in m[s]
+        }
+    report = Path(cfg.paths.reports) / "train.json"
+    if report.is_file():
+        training |= {k: v for k, v in read_json(report).items() if k in ("steps", "tokens_seen")}
+    return data, training
+
+
 def _call_store(uri: str, fn):
     from mlflow.exceptions import MlflowException
 
@@ -208,9 +224,11 @@ def register(cfg: ZayaConfig) -> dict:
         artifacts = {key: str(path) for key, path in inputs.items()}
         config = _write_config(cfg, Path(tmp) / "config.yaml")
         artifacts["config"] = str(config)
-        card = model_card(model_cfg, metrics, run_id, commit)
+        card = model_card(model_cfg, metrics, run_id, commit, *_card_context(cfg))
         (Path(tmp) / "MODEL_CARD.md").write_text(card, encoding="utf-8")
         artifacts["model_card"] = str(Path(tmp) / "MODEL_CARD.md")
+        weights_st, config_json = save_safetensors(inputs["model"], tmp)
+        artifacts |= {"safetensors": str(weights_st), "model_config": str(config_json)}
         tags = lineage_tags(cfg, metrics, weights, file_sha256(config), commit, dirty, value)
         info, registry_uri = _log_model(cfg, run_id, uri, artifacts)
     version = str(info.registered_model_version)
