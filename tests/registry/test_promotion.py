@@ -103,6 +103,8 @@ def test_candidate_and_champion_follow_the_metric_and_reregistering_is_idempoten
 
 def test_lineage_tags_and_the_model_card_artifact(workspace, copy_of):
     cfg = copy_of("zaya-lineage", 1.9)
+    splits = {"train": {"tokens": 1234, "docs": 5}, "val": {"tokens": 56, "docs": 1}}
+    (Path(cfg.paths.reports) / "tokenize.json").write_text(json.dumps({"splits": splits}))
     register(cfg)
     result = json.loads((Path(cfg.paths.reports) / "registry.json").read_text())
     version = MlflowClient(workspace["uri"]).get_model_version("zaya-lineage", result["version"])
@@ -111,7 +113,8 @@ def test_lineage_tags_and_the_model_card_artifact(workspace, copy_of):
     assert version.tags["eval.bits_per_byte"] == "1.9" and "git_commit" in version.tags
     assert "# " in version.description and "parameters:" in version.description
     assert "* training: " in version.description and "adamw optimizer" in version.description
-    assert "Limits:" in version.description
+    assert "Limits:" in version.description and "1,234 training / 56 validation tokens" in version.description
+    assert version.tags["data.train_tokens"] == "1234" and version.tags["data.val_tokens"] == "56"
 
 
 def test_a_store_failure_after_the_version_exists_leaves_no_version(workspace, copy_of, monkeypatch):

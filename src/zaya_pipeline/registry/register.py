@@ -144,30 +144,26 @@ def lineage_tags(cfg, metrics, weights, config_sha, commit, dirty, value) -> dic
     }
     locked = {"lineage.tokens_md5": cfg.paths.tokens, "lineage.tokenizer_md5": cfg.paths.tokenizer}
     tags |= dvc_lock_hashes(Path("dvc.lock"), locked)
-    meta = Path(cfg.paths.tokens) / "meta.json"
-    if meta.is_file():
-        token_meta = read_json(meta)
-        for split in ("train", "val"):
-            if isinstance(token_meta.get(split), dict) and "tokens" in token_meta[split]:
-                tags[f"data.{split}_tokens"] = str(token_meta[split]["tokens"])
+    tags |= {f"data.{split}_tokens": str(n) for split, n in token_counts(cfg).items()}
     if commit:
         tags |= {"git_commit": commit, "git_dirty": str(dirty).lower()}
     return tags
 
 
+def token_counts(cfg: ZayaConfig) -> dict[str, int]:
+    """Tokens per split from the tokenize stage's report (``<reports>/tokenize.json``); {} without it."""
+    report = Path(cfg.paths.reports) / "tokenize.json"
+    splits = read_json(report).get("splits", {}) if report.is_file() else {}
+    return {s: int(v["tokens"]) for s, v in splits.items() if isinstance(v, dict) and "tokens" in v}
+
+
 def _card_context(cfg: ZayaConfig) -> tuple[dict, dict]:
     """(token counts per split, training summary) for the model card, from the stage reports if present."""
-    data, training = {}, {"optimizer": cfg.train.optim.name, "schedule": cfg.train.schedule.name}
-    meta = Path(cfg.paths.tokens) / "meta.json"
-    if meta.is_file():
-        m = read_json(meta)
-        data = {
-            s: m[s]["tokens"] for s in ("train", "val") if isinstance(m.get(s), dict) and "tokens" in m[s]
-        }
+    training = {"optimizer": cfg.train.optim.name, "schedule": cfg.train.schedule.name}
     report = Path(cfg.paths.reports) / "train.json"
     if report.is_file():
         training |= {k: v for k, v in read_json(report).items() if k in ("steps", "tokens_seen")}
-    return data, training
+    return token_counts(cfg), training
 
 
 def _call_store(uri: str, fn):
