@@ -127,3 +127,18 @@ def test_a_store_failure_after_the_version_exists_leaves_no_version(workspace, c
         register(cfg)
     assert _versions(workspace["uri"], "zaya-broken") == []
     assert not (Path(cfg.paths.reports) / "registry.json").exists()
+
+
+def test_a_read_only_store_is_a_clear_error_and_registers_nothing(workspace, copy_of, tmp_path):
+    # A SQLite URI opened read-only (we run as root, so file permissions would not stop writes).
+    db = tmp_path / "ro.db"
+    shutil.copy(Path(workspace["uri"].removeprefix("sqlite:///")), db)
+    cfg = copy_of("zaya-readonly", 1.7)
+    ro_uri = f"sqlite:///file:{db}?mode=ro&uri=true"
+    run = json.loads((Path(cfg.paths.train) / "run.json").read_text())
+    (Path(cfg.paths.train) / "run.json").write_text(json.dumps({**run, "tracking_uri": ro_uri}))
+    cfg.registry.tracking_uri = ro_uri
+    with pytest.raises(TrackingError, match="readonly database"):
+        register(cfg)
+    assert _versions(f"sqlite:///{db}", "zaya-readonly") == []
+    assert not (Path(cfg.paths.reports) / "registry.json").exists()

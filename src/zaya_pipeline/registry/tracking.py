@@ -84,6 +84,8 @@ def check_store(uri: str, timeout_s: float = 5.0) -> None:
             raise TrackingError(f"cannot reach the MLflow tracking server {uri}: {exc}") from None
     elif parsed.scheme == "sqlite":
         db = uri.removeprefix("sqlite:///")
+        if db.startswith("file:"):  # an SQLite URI filename, e.g. file:/path/mlflow.db?mode=ro&uri=true
+            db = db.removeprefix("file:").split("?", 1)[0]
         if db not in ("", ":memory:") and not Path(db).is_file():
             raise TrackingError(f"MLflow tracking store {uri}: database file {db} does not exist")
 
