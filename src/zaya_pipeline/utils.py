@@ -99,3 +99,14 @@ def remove_outputs(*paths: str | Path) -> None:
             shutil.rmtree(p)
         elif p.exists():
             p.unlink()
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 hex digest of a file, read in 1 MiB blocks."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

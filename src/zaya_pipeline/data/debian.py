@@ -15,10 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from zaya_pipeline.data.folder import file_sha256
 from zaya_pipeline.data.html_text import html_to_text
 from zaya_pipeline.errors import DataError
-from zaya_pipeline.utils import get_logger
+from zaya_pipeline.utils import file_sha256, get_logger
 
 log = get_logger("prepare")
 

@@ -8,7 +8,6 @@ raises ``DataError``. Records whose text is empty or only whitespace are skipped
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,14 +49,6 @@ def list_inputs(input_dir: str) -> list[InputFile]:
     clash = {n for n in names if names.count(n) > 1}
     names = [rel.replace("/", "__") if n in clash else n for n, rel in zip(names, rels, strict=True)]
     return [InputFile(n, rel, p) for n, rel, p in zip(names, rels, files, strict=True)]
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _jsonl_rows(f: InputFile) -> Iterator[tuple[int, dict]]:

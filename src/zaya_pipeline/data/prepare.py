@@ -24,7 +24,7 @@ from pathlib import Path
 from zaya_pipeline.config import ZayaConfig
 from zaya_pipeline.data import debian, folder
 from zaya_pipeline.errors import ConfigError, DataError
-from zaya_pipeline.utils import atomic_dir, get_logger, remove_outputs, write_json
+from zaya_pipeline.utils import atomic_dir, file_sha256, get_logger, remove_outputs, write_json
 
 log = get_logger("prepare")
 
@@ -96,7 +96,7 @@ def _prepare_folder(cfg: ZayaConfig, out: Path) -> list[dict]:
                 "file": file,
                 "path": f.rel,
                 "version": "",
-                "sha256": folder.file_sha256(f.path),
+                "sha256": file_sha256(f.path),
                 "docs": docs,
                 "chars": chars,
             }

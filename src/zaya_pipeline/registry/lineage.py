@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from zaya_pipeline.config import RegistryConfig
@@ -21,14 +20,6 @@ log = get_logger("register")
 
 CANDIDATE, CHAMPION = "candidate", "champion"
 WEIGHTS_TAG = "weights_sha256"
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def dvc_lock_hashes(lock: Path, outputs: dict[str, str]) -> dict[str, str]:

@@ -30,7 +30,6 @@ from zaya_pipeline.registry.lineage import (
     apply_aliases,
     dvc_lock_hashes,
     existing_version,
-    file_sha256,
     metric_value,
 )
 from zaya_pipeline.registry.tracking import (
@@ -40,7 +39,7 @@ from zaya_pipeline.registry.tracking import (
     tracking_uri,
     using_tracking_uri,
 )
-from zaya_pipeline.utils import get_logger, read_json, remove_outputs, write_json
+from zaya_pipeline.utils import file_sha256, get_logger, read_json, remove_outputs, write_json
 
 log = get_logger("register")
 
