@@ -14,12 +14,9 @@ run and the per-arm medians over seeds.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import json
-import os
-import statistics
 import subprocess
 import sys
 import time
@@ -117,22 +114,11 @@ def run_arm(name: str, overrides: list[str], seed: int, train: str, workdir: Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--seeds", default="1234,1235", help="comma-separated training seeds (default: %(default)s)"
-    )
-    parser.add_argument("--train", default="default", help="train preset: equal tokens for every arm")
-    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms (default: all)")
-    parser.add_argument("--workdir", default="/tmp/zaya_ablation", help="where each run writes")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/ablation.json"))
-    args = parser.parse_args(argv)
-    seeds = [int(s) for s in args.seeds.split(",")]
-    arms = [a.strip() for a in args.arms.split(",")]
-    unknown = sorted(set(arms) - set(ARMS))
-    if unknown:
-        parser.error(f"unknown arms {unknown}; choose from {list(ARMS)}")
+    from sweep_cli import medians, parse_sweep, sweep_parser, write_result
+
+    out = ROOT / "benchmarks/results/ablation.json"
+    parser = sweep_parser(__doc__, list(ARMS), "/tmp/zaya_ablation", out)
+    args, seeds, arms = parse_sweep(parser, argv, list(ARMS))
 
     from zaya_pipeline.model.params import num_active_params
 
@@ -144,25 +130,13 @@ def main(argv: list[str] | None = None) -> int:
             overrides = [*overrides, f"model.moe.expert_hidden={matched_expert_hidden(overrides, target)}"]
         for seed in seeds:
             rows.append(run_arm(name, overrides, seed, args.train, Path(args.workdir)))
-    summary = {}
-    for name in arms:
-        mine = [r for r in rows if r["arm"] == name]
-        summary[name] = {
-            k: statistics.median(r[k] for r in mine)
-            for k in ("val_loss", "val_over_unigram", "max_over_mean_load", "tokens_per_s")
-        } | {k: mine[0][k] for k in ("params_active_non_embedding", "expert_hidden", "tokens_seen")}
-    result = {
-        "command": "python benchmarks/ablation.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d"),
-        "cpu_count": os.cpu_count(),
-        "seeds": seeds,
-        "train": args.train,
-        "summary_median_over_seeds": summary,
-        "runs": rows,
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(summary, indent=2))
+    summary = medians(
+        rows,
+        arms,
+        ("val_loss", "val_over_unigram", "max_over_mean_load", "tokens_per_s"),
+        ("params_active_non_embedding", "expert_hidden", "tokens_seen"),
+    )
+    write_result("ablation.py", argv, args, seeds, summary, rows)
     return 0
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -102,47 +101,17 @@ def plot(rows: list[dict], arms: list[str], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--seeds", default="1234,1235", help="comma-separated training seeds (default: %(default)s)"
-    )
-    parser.add_argument("--train", default="default", help="train preset: equal tokens for every arm")
-    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms (default: all)")
+    from sweep_cli import medians, parse_sweep, sweep_parser, write_result
+
+    parser = sweep_parser(__doc__, list(ARMS), "/tmp/zaya_recipe", ROOT / "benchmarks/results/recipe.json")
     parser.add_argument("--val-every", type=int, default=25, help="steps between validation passes")
-    parser.add_argument("--workdir", default="/tmp/zaya_recipe", help="where each run writes")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/recipe.json"))
     parser.add_argument("--plot", default=str(ROOT / "docs/img/recipe_val_loss.png"))
-    args = parser.parse_args(argv)
-    seeds = [int(s) for s in args.seeds.split(",")]
-    arms = [a.strip() for a in args.arms.split(",")]
-    unknown = sorted(set(arms) - set(ARMS))
-    if unknown:
-        parser.error(f"unknown arms {unknown}; choose from {list(ARMS)}")
+    args, seeds, arms = parse_sweep(parser, argv, list(ARMS))
 
     rows = [run_arm(name, seed, args) for seed in seeds for name in arms]
-    summary = {
-        name: {
-            k: statistics.median(r[k] for r in rows if r["arm"] == name)
-            for k in ("val_loss", "val_over_unigram", "tokens_per_s")
-        }
-        | {"tokens_seen": next(r["tokens_seen"] for r in rows if r["arm"] == name)}
-        for name in arms
-    }
-    result = {
-        "command": "python benchmarks/recipe.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d"),
-        "cpu_count": os.cpu_count(),
-        "seeds": seeds,
-        "train": args.train,
-        "summary_median_over_seeds": summary,
-        "runs": rows,
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    summary = medians(rows, arms, ("val_loss", "val_over_unigram", "tokens_per_s"), ("tokens_seen",))
+    write_result("recipe.py", argv, args, seeds, summary, rows)
     plot(rows, arms, Path(args.plot))
-    print(json.dumps(summary, indent=2))
     return 0
 
 

@@ -1,0 +1,60 @@
+"""The command line and result file shared by the multi-run training benchmarks (ablation.py, recipe.py):
+``--seeds/--train/--arms/--workdir/--out``, arm validation, per-arm medians over seeds, and the JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def sweep_parser(doc: str, arms: list[str], workdir: str, out: Path) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--seeds", default="1234,1235", help="comma-separated training seeds (default: %(default)s)"
+    )
+    parser.add_argument("--train", default="default", help="train preset: equal tokens for every arm")
+    parser.add_argument("--arms", default=",".join(arms), help="comma-separated arms (default: all)")
+    parser.add_argument("--workdir", default=workdir, help="where each run writes")
+    parser.add_argument("--out", default=str(out))
+    return parser
+
+
+def parse_sweep(parser: argparse.ArgumentParser, argv, known: list[str]):
+    """(args, seeds, arms); an unknown arm is a usage error naming the known ones."""
+    args = parser.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    arms = [a.strip() for a in args.arms.split(",")]
+    unknown = sorted(set(arms) - set(known))
+    if unknown:
+        parser.error(f"unknown arms {unknown}; choose from {known}")
+    return args, seeds, arms
+
+
+def medians(rows: list[dict], arms: list[str], median_keys: tuple, first_keys: tuple) -> dict:
+    """Per arm: the median over its runs of ``median_keys``, and ``first_keys`` from its first run."""
+    summary = {}
+    for name in arms:
+        mine = [r for r in rows if r["arm"] == name]
+        summary[name] = {k: statistics.median(r[k] for r in mine) for k in median_keys}
+        summary[name] |= {k: mine[0][k] for k in first_keys}
+    return summary
+
+
+def write_result(script: str, argv, args, seeds: list[int], summary: dict, rows: list[dict]) -> None:
+    result = {
+        "command": f"python benchmarks/{script} " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d"),
+        "cpu_count": os.cpu_count(),
+        "seeds": seeds,
+        "train": args.train,
+        "summary_median_over_seeds": summary,
+        "runs": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
