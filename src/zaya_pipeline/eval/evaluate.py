@@ -34,13 +34,10 @@ SAMPLES_FILE = "samples.json"
 SAMPLING = {"temperature": 0.8, "top_p": 0.95, "seed": 0}  # the "sampled" generation samples
 
 
-def write_samples(cfg: ZayaConfig, model, token_meta: dict, path: Path) -> Path:
+def write_samples(cfg: ZayaConfig, model, tokenizer, token_meta: dict, path: Path) -> Path:
     """Greedy and sampled continuations of ``eval.sample_prompts`` as JSON (fixed seed: reproducible)."""
-    from tokenizers import Tokenizer
-
     from zaya_pipeline.model.generate import continue_prompts
 
-    tokenizer = Tokenizer.from_file(str(Path(cfg.paths.tokenizer) / "tokenizer.json"))
     prompts, n, eos = list(cfg.eval.sample_prompts), cfg.eval.sample_tokens, int(token_meta["eos_id"])
     greedy = continue_prompts(model, tokenizer, eos, prompts, n)
     sampled = continue_prompts(model, tokenizer, eos, prompts, n, **SAMPLING)
@@ -134,14 +131,11 @@ def log_eval_metrics(client, run_info: dict, metrics: dict) -> None:
         ) from None
 
 
-def score_tasks(cfg: ZayaConfig, model, token_meta: dict, device: str) -> dict:
+def score_tasks(cfg: ZayaConfig, model, tokenizer, token_meta: dict, device: str) -> dict:
     """Zero-shot accuracy of ``model`` on every task of ``cfg.eval.tasks`` (files of the eval-data stage)."""
-    from tokenizers import Tokenizer
-
     from zaya_pipeline.eval.tasks import load_task, score_choices, task_metrics
 
     task_dir = Path(cfg.paths.eval_tasks)
-    tokenizer = Tokenizer.from_file(str(Path(cfg.paths.tokenizer) / "tokenizer.json"))
     out = {}
     for task in cfg.eval.tasks:
         path = task_dir / f"{task}.jsonl.gz"
@@ -172,6 +166,8 @@ def score_tasks(cfg: ZayaConfig, model, token_meta: dict, device: str) -> dict:
 
 
 def evaluate(cfg: ZayaConfig) -> dict:
+    from tokenizers import Tokenizer
+
     from zaya_pipeline.data.loader import PackedDataset, load_split, read_token_meta
     from zaya_pipeline.model.checkpoint import load_model
 
@@ -214,13 +210,14 @@ def evaluate(cfg: ZayaConfig) -> dict:
             f"the scored tokens of {tokens_dir}/val stand for no text bytes (only special tokens?)"
         )
     metrics = metrics_dict(result, seq_len, token_meta)
+    tokenizer = Tokenizer.from_file(str(Path(cfg.paths.tokenizer) / "tokenizer.json"))  # tasks and samples
     if cfg.eval.tasks:
-        tasks = score_tasks(cfg, model, token_meta, device)
+        tasks = score_tasks(cfg, model, tokenizer, token_meta, device)
         metrics["tasks"] = tasks
         metrics["tasks_above_chance"] = sum(m["acc"] - m["chance"] > m["acc_stderr"] for m in tasks.values())
     log_eval_metrics(client, run_info, metrics)
     write_json(out, metrics)
-    extras = [write_samples(cfg, model, token_meta, Path(cfg.paths.reports) / SAMPLES_FILE)]
+    extras = [write_samples(cfg, model, tokenizer, token_meta, Path(cfg.paths.reports) / SAMPLES_FILE)]
     extras += write_task_plots(metrics.get("tasks", {}), Path(cfg.paths.reports) / "plots")
     for path in extras:
         client.log_artifact(run_info["run_id"], str(path), artifact_path="eval")
