@@ -107,3 +107,18 @@ def test_shared_expert_is_added_for_every_token():
 def test_bad_moe_options_name_the_key(kw, key):
     with pytest.raises(ConfigError, match=f"model.moe.{key}"):
         moe(**kw)
+
+
+@pytest.mark.parametrize("backend", ["triton", "grouped_mm", "auto"])
+@pytest.mark.parametrize("options", [{}, {"skip_expert": True, "router": RouterConfig("zaya1", dim=8)}])
+def test_expert_backend_is_chosen_by_config_and_matches_loop(backend, options):
+    pytest.importorskip("triton")
+    x = torch.randn(2, 24, D, generator=torch.Generator().manual_seed(5))
+    results = {}
+    for name in ("loop", backend):
+        layer = moe(expert_backend=name, top_k=2, **options)
+        out = layer(x)
+        grads = torch.autograd.grad(out.y_BTD.square().sum(), (layer.w_gate_up_EDF2, layer.w_down_EFD))
+        results[name] = (out.y_BTD, *grads)
+    for got, want in zip(results[backend], results["loop"], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)  # fp32, other summation order

@@ -1,5 +1,19 @@
 """Autograd ops over the kernels with a guarded import and a plain-torch fallback."""
 
-from zaya_pipeline.ops.expert_mlp import BACKENDS, expert_mlp, resolve_backend
+from zaya_pipeline.ops.expert_mlp import (
+    BACKENDS,
+    available_backends,
+    expert_mlp,
+    pick_backend,
+    resolve_backend,
+    sort_by_expert,
+)
 
-__all__ = ["BACKENDS", "expert_mlp", "resolve_backend"]
+__all__ = [
+    "BACKENDS",
+    "available_backends",
+    "expert_mlp",
+    "pick_backend",
+    "resolve_backend",
+    "sort_by_expert",
+]

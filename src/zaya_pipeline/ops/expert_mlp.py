@@ -1,8 +1,14 @@
 """Routed SwiGLU expert MLP: ``y_TD = sum_k w_TK[:, k] * SwiGLU_{ids_TK[:, k]}(x_TD)``, dropless.
 
-Backends: ``loop`` is the plain-torch reference (sort the (token, slot) pairs by expert, one pair of matmuls
-per expert that received tokens, ``index_add`` back); ``auto`` picks the best available backend (only
-``loop`` exists so far; Triton / grouped_mm backends plug in here). Autograd comes from the torch ops.
+Backends (forward and backward for all):
+* ``loop`` — the plain-torch reference: sort the (token, slot) pairs by expert, one pair of matmuls per expert
+  that received tokens, ``index_add`` back. Autograd comes from the torch ops.
+* ``grouped_mm`` — the same sort, then ``torch.nn.functional.grouped_mm`` over the expert-sorted rows (one
+  call per projection, no per-expert Python loop and no host sync).
+* ``triton`` — our kernels (``zaya_pipeline.kernels``) behind an autograd Function
+  (``ops.triton_expert_mlp``): permutation by histogram + prefix sum, gathered grouped GEMMs with SwiGLU
+  fused in, a top-k combine. On a CPU tensor it runs under the Triton interpreter (tests only: it is slow).
+* ``auto`` — the fastest available backend for the tensor's device (see ``pick_backend``).
 
 Shape legend:
     T  tokens            D  model width         F  expert hidden width
@@ -11,6 +17,7 @@ Shape legend:
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 
 import torch
@@ -18,26 +25,24 @@ import torch.nn.functional as F
 
 from zaya_pipeline.errors import ConfigError
 
-BACKENDS = ("auto", "loop")
+BACKENDS = ("auto", "loop", "grouped_mm", "triton")
 
 
-def _expert_mlp_loop(
-    x_TD: torch.Tensor,
-    topk_ids_TK: torch.Tensor,
-    topk_weights_TK: torch.Tensor,
-    w_gate_up_EDF2: torch.Tensor,
-    w_down_EFD: torch.Tensor,
-) -> torch.Tensor:
-    num_experts, _, hidden2 = w_gate_up_EDF2.shape
-    hidden = hidden2 // 2
-    top_k = topk_ids_TK.shape[1]
+def sort_by_expert(topk_ids_TK: torch.Tensor, num_experts: int):
+    """Expert-sorted order of the (token, slot) pairs: (order_S, token_S, num_tokens_per_expert_E).
+
+    The sort is stable, so each expert's rows stay in token order and results never depend on sort internals.
+    """
     ids_S = topk_ids_TK.reshape(-1)
-    # A stable sort keeps each expert's tokens in token order: results do not depend on sort internals.
     order_S = torch.argsort(ids_S, stable=True)
-    token_S = order_S // top_k
+    return order_S, order_S // topk_ids_TK.shape[1], torch.bincount(ids_S, minlength=num_experts)
+
+
+def _expert_mlp_loop(x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD) -> torch.Tensor:
+    hidden = w_down_EFD.shape[1]
+    order_S, token_S, num_tokens_per_expert_E = sort_by_expert(topk_ids_TK, w_gate_up_EDF2.shape[0])
     weights_S = topk_weights_TK.reshape(-1)[order_S].to(x_TD.dtype)
     x_SD = x_TD[token_S]
-    num_tokens_per_expert_E = torch.bincount(ids_S, minlength=num_experts)
     # unbind / split instead of indexing: the backward of w[e] or x[a:b] writes into a zero tensor of the full
     # size, once per expert; split and unbind backpropagate with a single concatenation.
     w_gate_up_DF2 = w_gate_up_EDF2.unbind(0)
@@ -55,13 +60,85 @@ def _expert_mlp_loop(
     return torch.zeros_like(x_TD).index_add(0, token_S, y_SD)
 
 
+def grouped_mm_aligned(d_model: int, hidden: int, dtype: torch.dtype) -> bool:
+    """grouped_mm needs every row stride to be a multiple of 16 bytes (D and F multiples of 4 in fp32)."""
+    per_16_bytes = 16 // torch.empty((), dtype=dtype).element_size()
+    return d_model % per_16_bytes == 0 and hidden % per_16_bytes == 0
+
+
+def _expert_mlp_grouped_mm(x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD) -> torch.Tensor:
+    hidden = w_down_EFD.shape[1]
+    if not grouped_mm_aligned(x_TD.shape[1], hidden, x_TD.dtype):
+        raise ValueError(
+            f"expert_mlp(backend='grouped_mm'): D={x_TD.shape[1]} and F={hidden} must be multiples of "
+            f"{16 // x_TD.element_size()} for {x_TD.dtype} (16-byte strides); use backend 'triton' or 'loop'"
+        )
+    order_S, token_S, num_tokens_per_expert_E = sort_by_expert(topk_ids_TK, w_gate_up_EDF2.shape[0])
+    if order_S.numel() == 0:
+        return torch.zeros_like(x_TD)
+    offsets_E = num_tokens_per_expert_E.cumsum(0).to(torch.int32)  # end row of each expert's group
+    weights_S = topk_weights_TK.reshape(-1)[order_S].to(x_TD.dtype)
+    gate_SF, up_SF = F.grouped_mm(x_TD[token_S], w_gate_up_EDF2, offs=offsets_E).split(hidden, dim=-1)
+    y_SD = F.grouped_mm(F.silu(gate_SF) * up_SF, w_down_EFD, offs=offsets_E)
+    return torch.zeros_like(x_TD).index_add(0, token_S, y_SD * weights_S[:, None])
+
+
+def _expert_mlp_triton(*args) -> torch.Tensor:
+    from zaya_pipeline.ops.triton_expert_mlp import expert_mlp_triton  # imports Triton: only when used
+
+    return expert_mlp_triton(*args)
+
+
+_IMPLEMENTATIONS: dict[str, Callable[..., torch.Tensor]] = {
+    "loop": _expert_mlp_loop,
+    "grouped_mm": _expert_mlp_grouped_mm,
+    "triton": _expert_mlp_triton,
+}
+
+
+def triton_available() -> bool:
+    """Triton is installed (the ``triton`` extra); it also runs on CPU tensors under the interpreter."""
+    return importlib.util.find_spec("triton") is not None
+
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # grouped_mm and our kernels; loop takes any
+
+
+def available_backends(
+    device: torch.device | str, dtype: torch.dtype = torch.float32, dims: tuple[int, int] | None = None
+) -> list[str]:
+    """Concrete backends that run on ``device`` for ``dtype`` (and ``dims`` = (D, F) when given), in the
+    order ``auto`` prefers them."""
+    device = torch.device(device)
+    if dtype not in KERNEL_DTYPES:
+        return ["loop"]
+    grouped = ["grouped_mm"] if dims is None or grouped_mm_aligned(*dims, dtype) else []
+    triton = ["triton"] if triton_available() else []
+    if device.type == "cuda":  # CUDA and ROCm (torch.version.hip) both report "cuda"
+        return triton + grouped + ["loop"]
+    # CPU: the interpreter runs Triton for tests, far too slowly for training, so auto never picks it.
+    return grouped + ["loop"] + triton
+
+
+def pick_backend(
+    device: torch.device | str, dtype: torch.dtype = torch.float32, dims: tuple[int, int] | None = None
+) -> str:
+    """What ``auto`` runs: Triton on a GPU, else grouped_mm (docs/benchmarks.md, expert MLP); loop for
+    dtypes the kernels do not take (float64) and for sizes grouped_mm cannot stride."""
+    return available_backends(device, dtype, dims)[0]
+
+
 def resolve_backend(backend: str) -> Callable[..., torch.Tensor]:
-    """The implementation behind a backend name; unknown names are a config error."""
+    """Check a backend name (unknown names are a config error); returns ``expert_mlp`` bound to it."""
     if backend not in BACKENDS:
         raise ConfigError(
             f"model.moe.expert_backend: unknown backend {backend!r}; choose from {list(BACKENDS)}"
         )
-    return _expert_mlp_loop  # "auto" = the only backend so far
+    if backend == "triton" and not triton_available():
+        raise ConfigError(
+            "model.moe.expert_backend=triton needs Triton: pip install -e '.[triton]' (or choose auto)"
+        )
+    return lambda *args: expert_mlp(*args, backend=backend)
 
 
 def expert_mlp(
@@ -74,6 +151,10 @@ def expert_mlp(
 ) -> torch.Tensor:
     """Weighted sum over each token's K chosen experts of ``(silu(x W_gate) * (x W_up)) W_down``.
 
-    ``w_gate_up_EDF2`` holds the gate projection in its first F columns and the up projection in the last F.
+    ``w_gate_up_EDF2`` (E, D, 2F) holds the gate projection in its first F columns and the up projection in
+    the last F; ``w_down_EFD`` is (E, F, D). Gradients flow to x, both weights and the routing weights.
     """
-    return resolve_backend(backend)(x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD)
+    if backend not in _IMPLEMENTATIONS:
+        resolve_backend(backend)  # raises for unknown names
+        backend = pick_backend(x_TD.device, x_TD.dtype, (x_TD.shape[1], w_down_EFD.shape[1]))
+    return _IMPLEMENTATIONS[backend](x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD)

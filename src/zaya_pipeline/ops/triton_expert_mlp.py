@@ -1,0 +1,192 @@
+"""The ``triton`` backend of ``expert_mlp``: an autograd Function over ``zaya_pipeline.kernels.expert_mlp``.
+
+Forward: permute (histogram + prefix sum) → gate|up GEMM with SwiGLU fused → down GEMM → weighted combine.
+Saved for backward: the inputs, the gate|up pre-activations ``gu_S2F`` and the int32 routing maps; h and the
+expert outputs are recomputed or folded away, so the backward holds less than the ``loop`` backend's autograd
+graph (x gathered, gate|up, silu, h and the expert outputs).
+
+Backward: ``down_bwd`` (dy @ W_down^T with the routing-weight grad and the SwiGLU backward fused) → dW_down
+and dW_gate|up (grouped A^T B over each expert's rows) → dX rows (grouped GEMM) → unweighted combine to
+tokens. Every reduction runs in a fixed order, so results are deterministic (no atomics).
+
+Importing this module imports Triton. On a machine without a GPU it switches Triton to its interpreter
+(``TRITON_INTERPRET=1``) before the kernels are defined, so CPU tensors work (slowly: for tests). The mode
+is fixed per process at the first import.
+
+Shape legend: T tokens, K experts per token, S = T * K rows, E experts, D model width, F expert hidden width.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+# The interpreter must be on before Triton itself is imported (its own tl.* helpers are jit functions).
+_TRITON_IMPORTED_FIRST = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
+if not torch.cuda.is_available() and not _TRITON_IMPORTED_FIRST:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+
+from zaya_pipeline.kernels import expert_mlp as kernels  # noqa: E402
+from zaya_pipeline.kernels.configs import interpreting  # noqa: E402
+
+
+def _flags(dtype: torch.dtype) -> dict:
+    """Constexpr flags of every kernel for inputs of ``dtype``."""
+    return {
+        "UPCAST": interpreting() and dtype == torch.bfloat16,
+        # the interpreter's bf16 tl.dot is wrong and its bf16 cast truncates: upcast and round by hand there
+        # fp32 inputs get exact fp32 products (not tf32): fp32 is the parity / debugging dtype here.
+        "PRECISION": "ieee" if dtype == torch.float32 else "tf32",
+    }
+
+
+def permute(topk_ids_TK: torch.Tensor, num_experts: int):
+    """Expert-sorted routing maps, on device with no host sync:
+    (counts_E, offsets_E1, sorted_pair_S, pair_pos_S), all int32. Row p of the sorted order is pair
+    ``sorted_pair_S[p]`` = token * K + slot; ``pair_pos_S`` is the inverse. Stable: ties keep pair order."""
+    ids_S = topk_ids_TK.reshape(-1).contiguous()
+    S = ids_S.numel()
+    device = ids_S.device
+    counts_E = torch.empty(num_experts, dtype=torch.int32, device=device)
+    offsets_E1 = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
+    sorted_pair_S = torch.empty(S, dtype=torch.int32, device=device)
+    pair_pos_S = torch.empty(S, dtype=torch.int32, device=device)
+    e_pow2 = triton.next_power_of_2(num_experts)
+    budget = 1 << 18 if interpreting() else 1 << 14  # one-hot elements per block: registers on a GPU
+    block_s = max(16, min(triton.next_power_of_2(max(S, 1)), budget // e_pow2))
+    kernels.align_kernel[(1,)](
+        ids_S, counts_E, offsets_E1, sorted_pair_S, pair_pos_S, S, num_experts, BLOCK_S=block_s, E_POW2=e_pow2
+    )
+    return counts_E, offsets_E1, sorted_pair_S, pair_pos_S
+
+
+def _row_grid(S: int, E: int, N: int):
+    # Σ_e ceil(c_e / BM) <= S / BM + E: spare tiles exit at once
+    return lambda meta: (triton.cdiv(S, meta["BLOCK_M"]) + E, triton.cdiv(N, meta["BLOCK_N"]))
+
+
+def _combine(rows_SD, pair_pos_S, route_w_S, T: int, top_k: int, out_dtype) -> torch.Tensor:
+    D = rows_SD.shape[1]
+    out_TD = torch.empty(T, D, dtype=out_dtype, device=rows_SD.device)
+    cfg = kernels.COMBINE_CONFIG
+    grid = (triton.cdiv(T, cfg["BLOCK_T"]), triton.cdiv(D, cfg["BLOCK_D"]))
+    weights = route_w_S if route_w_S is not None else pair_pos_S  # unused pointer without HAS_WEIGHTS
+    kernels.combine_kernel[grid](
+        rows_SD, pair_pos_S, weights, out_TD, T, D, TOP_K=top_k, HAS_WEIGHTS=route_w_S is not None,
+        UPCAST=_flags(out_dtype)["UPCAST"], **cfg,
+    )  # fmt: skip
+    return out_TD
+
+
+def _grouped_gemm(a_SR, w_ERN_view, counts_E, flags) -> torch.Tensor:
+    """c[r] = a[r] @ W[e] for expert-sorted rows; ``w_ERN_view`` may be a transposed view (strides only)."""
+    S, R = a_SR.shape
+    E, _, N = w_ERN_view.shape
+    c_SN = torch.empty(S, N, dtype=a_SR.dtype, device=a_SR.device)
+    kernels.grouped_gemm_kernel[_row_grid(S, E, N)](
+        a_SR, w_ERN_view, c_SN, counts_E, E, R, N,
+        a_SR.stride(0), *w_ERN_view.stride(), c_SN.stride(0),
+        E_POW2=triton.next_power_of_2(E), **flags,
+    )  # fmt: skip
+    return c_SN
+
+
+def _grouped_dw(a, b, routing, M, N, E, top_k, *, a_gather, a_swiglu, b_gather, route_w_S, dtype, flags):
+    _, offsets_E1, sorted_pair_S, _ = routing
+    dw_EMN = torch.empty(E, M, N, dtype=dtype, device=a.device)
+
+    def grid(meta):
+        return (triton.cdiv(N, meta["BLOCK_N"]), triton.cdiv(M, meta["BLOCK_M"]), E)
+
+    kernels.grouped_dw_kernel[grid](
+        a, b, dw_EMN, sorted_pair_S, route_w_S if route_w_S is not None else b, offsets_E1, M, N, M,
+        a.stride(0), b.stride(0), dw_EMN.stride(0), dw_EMN.stride(1),
+        TOP_K=top_k, A_GATHER=a_gather, A_SWIGLU=a_swiglu, B_GATHER=b_gather, B_SCALE=route_w_S is not None,
+        **flags,
+    )  # fmt: skip
+    return dw_EMN
+
+
+class _ExpertMLP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD):
+        T, D = x_TD.shape
+        E, _, F2 = w_gate_up_EDF2.shape
+        F = F2 // 2
+        top_k = topk_ids_TK.shape[1]
+        S = T * top_k
+        flags = _flags(x_TD.dtype)
+        x_TD = x_TD.contiguous()
+        route_w_S = topk_weights_TK.reshape(-1).contiguous()
+        routing = permute(topk_ids_TK, E)
+        counts_E, _, sorted_pair_S, pair_pos_S = routing
+        gu_S2F = torch.empty(S, 2 * F, dtype=x_TD.dtype, device=x_TD.device)
+        h_SF = torch.empty(S, F, dtype=x_TD.dtype, device=x_TD.device)
+        kernels.gate_up_kernel[_row_grid(S, E, F)](
+            x_TD, w_gate_up_EDF2, gu_S2F, h_SF, sorted_pair_S, counts_E, E, D, F,
+            x_TD.stride(0), *w_gate_up_EDF2.stride(),
+            TOP_K=top_k, E_POW2=triton.next_power_of_2(E), **flags,
+        )  # fmt: skip
+        o_SD = _grouped_gemm(h_SF, w_down_EFD, counts_E, flags)
+        del h_SF
+        y_TD = _combine(o_SD, pair_pos_S, route_w_S, T, top_k, x_TD.dtype)
+        ctx.save_for_backward(x_TD, route_w_S, w_gate_up_EDF2, w_down_EFD, gu_S2F, *routing)
+        ctx.shape = (T, D, E, F, top_k)
+        ctx.weights_shape = topk_weights_TK.shape
+        return y_TD
+
+    @staticmethod
+    def backward(ctx, dy_TD):
+        x_TD, route_w_S, w_gate_up_EDF2, w_down_EFD, gu_S2F, *routing = ctx.saved_tensors
+        counts_E, _, sorted_pair_S, pair_pos_S = routing
+        T, D, E, F, top_k = ctx.shape
+        S = T * top_k
+        flags = _flags(x_TD.dtype)
+        dy_TD = dy_TD.contiguous()
+        e_pow2 = triton.next_power_of_2(E)
+
+        # dgu (S, 2F) and the routing-weight grad, in per-F-tile partials (fp32; zeroed for the autotuner)
+        min_block_n = min(c.kwargs["BLOCK_N"] for c in kernels.down_bwd_kernel.configs)
+        n_part = triton.cdiv(F, min_block_n)
+        dw_part_SP = torch.zeros(S, n_part, dtype=torch.float32, device=x_TD.device)
+        dgu_S2F = torch.empty_like(gu_S2F)
+        kernels.down_bwd_kernel[_row_grid(S, E, F)](
+            dy_TD, w_down_EFD, gu_S2F, route_w_S, dgu_S2F, dw_part_SP, sorted_pair_S, counts_E,
+            E, D, F, dy_TD.stride(0), *w_down_EFD.stride(), n_part,
+            TOP_K=top_k, E_POW2=e_pow2, **flags,
+        )  # fmt: skip
+        d_route_w = dw_part_SP.sum(1).to(route_w_S.dtype).view(ctx.weights_shape)
+
+        common = {"E": E, "top_k": top_k, "routing": routing, "flags": flags}
+        dw_down = _grouped_dw(
+            gu_S2F, dy_TD, M=F, N=D, a_gather=False, a_swiglu=True, b_gather=True, route_w_S=route_w_S,
+            dtype=w_down_EFD.dtype, **common,
+        )  # fmt: skip
+        dw_gate_up = _grouped_dw(
+            x_TD, dgu_S2F, M=D, N=2 * F, a_gather=True, a_swiglu=False, b_gather=False, route_w_S=None,
+            dtype=w_gate_up_EDF2.dtype, **common,
+        )  # fmt: skip
+        dx_SD = _grouped_gemm(dgu_S2F, w_gate_up_EDF2.transpose(1, 2), counts_E, flags)
+        dx_TD = _combine(dx_SD, pair_pos_S, None, T, top_k, x_TD.dtype)
+        return dx_TD, None, d_route_w, dw_gate_up, dw_down
+
+
+def expert_mlp_triton(x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD) -> torch.Tensor:
+    """``expert_mlp`` on the Triton kernels (see the module docstring)."""
+    if x_TD.dtype != w_gate_up_EDF2.dtype or x_TD.dtype != w_down_EFD.dtype:
+        raise ValueError(
+            f"expert_mlp(backend='triton'): x ({x_TD.dtype}) and the expert weights ({w_gate_up_EDF2.dtype}, "
+            f"{w_down_EFD.dtype}) must share a dtype"
+        )
+    if x_TD.device.type == "cpu" and (_TRITON_IMPORTED_FIRST or not interpreting()):
+        raise RuntimeError(
+            "expert_mlp(backend='triton') got CPU tensors, but Triton was imported without its interpreter "
+            "in this process; set TRITON_INTERPRET=1 before anything imports triton to run the kernels on CPU"
+        )
+    if x_TD.shape[0] == 0:
+        return torch.zeros_like(x_TD)  # as the loop backend
+    return _ExpertMLP.apply(x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD)
