@@ -87,14 +87,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--warmup", type=int, default=2, help="untimed runs per arm first (default: %(default)s)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and routing (default: 0)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON path (default: benchmarks/results/expert_mlp_<device>.json)")  # fmt: skip
+    parser.add_argument(
+        "--malloc",
+        choices=["keep", "default"],
+        default="keep",
+        help="keep: glibc keeps freed blocks (utils.keep_freed_memory, what `zaya train` does); "
+        "default: glibc's own thresholds (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON path (default: benchmarks/results/expert_mlp_<device>.json)",
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA/ROCm device")
-    preset = SHAPES[args.shape or ("zaya1" if args.device == "cuda" else "cpu")]
     args.shape = args.shape or ("zaya1" if args.device == "cuda" else "cpu")
-    for key, value in preset.items():
+    for key, value in SHAPES[args.shape].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if min(args.tokens, args.d_model, args.hidden, args.experts, args.top_k) < 1:
@@ -141,8 +151,9 @@ def backend_step(name: str, inp: dict) -> tuple[Callable[[], torch.Tensor], Call
     leaves = [inp[k] for k in GRAD_NAMES]
 
     def forward() -> torch.Tensor:
-        return expert_mlp(inp["x"], inp["ids"], inp["topk_weights"], inp["w_gate_up"], inp["w_down"],
-                          backend=name)  # fmt: skip
+        return expert_mlp(
+            inp["x"], inp["ids"], inp["topk_weights"], inp["w_gate_up"], inp["w_down"], backend=name
+        )
 
     def step() -> torch.Tensor:
         for t in leaves:
@@ -249,15 +260,26 @@ def print_table(result: dict) -> None:
     cols = ("arm", "median ms", "min ms", "TFLOP/s", "x dense", "saved MiB", "peak MiB", "max rel err")
     rows = []
     dense = result["dense_bound"]
-    rows.append(("dense bound", dense["median_s"] * 1e3, dense["min_s"] * 1e3, dense["tflops"], 1.0, None, None,
-                 None))  # fmt: skip
+    rows.append(
+        ("dense bound", dense["median_s"] * 1e3, dense["min_s"] * 1e3, dense["tflops"], 1.0, None, None, None)
+    )
     for name, r in result["backends"].items():
         if "error" in r:
             rows.append((name, f"skipped: {r['error']}"))
             continue
         worst = max((v for v in r["parity"].values() if v is not None), default=None)
-        rows.append((name, r["median_s"] * 1e3, r["min_s"] * 1e3, r["tflops"], r["ratio_to_dense"],
-                     r["saved_mib"], r.get("peak_mib"), worst))  # fmt: skip
+        rows.append(
+            (
+                name,
+                r["median_s"] * 1e3,
+                r["min_s"] * 1e3,
+                r["tflops"],
+                r["ratio_to_dense"],
+                r["saved_mib"],
+                r.get("peak_mib"),
+                worst,
+            )
+        )
 
     def cell(v, i):
         if v is None:
@@ -274,13 +296,21 @@ def print_table(result: dict) -> None:
         if len(row) == 2:
             print(f"{row[0].ljust(widths[0])}  {row[1]}")
             continue
-        print("  ".join(cell(v, i).rjust(w) if i else v.ljust(w)
-                        for i, (v, w) in enumerate(zip(row, widths, strict=True))))  # fmt: skip
+        print(
+            "  ".join(
+                cell(v, i).rjust(w) if i else v.ljust(w)
+                for i, (v, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    if args.malloc == "keep":
+        from zaya_pipeline.utils import keep_freed_memory
+
+        keep_freed_memory()
     from zaya_pipeline.ops import available_backends
 
     if args.backends:
@@ -307,9 +337,13 @@ def main(argv: list[str] | None = None) -> int:
     flops = 18 * S * D * F_
     inp = make_inputs(args, device, dtype)
     loads = torch.bincount(inp["ids"].reshape(-1), minlength=E)
-    print(f"expert_mlp T={T} D={D} F={F_} E={E} K={K} {args.dtype} on {device_name(device)}; "
-          f"{flops / 1e9:.1f} GFLOP per forward+backward; expert loads {loads.min().item()}..{loads.max().item()} "
-          f"(mean {S / E:.0f}); backends {backends}", flush=True)  # fmt: skip
+    print(
+        f"expert_mlp T={T} D={D} F={F_} E={E} K={K} {args.dtype} on {device_name(device)}; "
+        f"{flops / 1e9:.1f} GFLOP per forward+backward; "
+        f"expert loads {loads.min().item()}..{loads.max().item()} "
+        f"(mean {S / E:.0f}); backends {backends}",
+        flush=True,
+    )
 
     # The loop backend is the parity reference; it runs once even when it is not benchmarked.
     arms: dict[str, Callable] = {}
@@ -344,8 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.repeats):
         for name, step in arms.items():
             times[name].append(timed(step, device))
-        print(f"round {r + 1}/{args.repeats}: "
-              + ", ".join(f"{n} {ts[-1] * 1e3:.1f} ms" for n, ts in times.items()), flush=True)  # fmt: skip
+        print(
+            f"round {r + 1}/{args.repeats}: "
+            + ", ".join(f"{n} {ts[-1] * 1e3:.1f} ms" for n, ts in times.items()),
+            flush=True,
+        )
 
     dense_median = statistics.median(times["dense bound"])
     dense_result = {
@@ -381,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "triton": version_of("triton"),
         "hip": torch.version.hip,
+        "malloc": args.malloc,
         "shape": {
             "preset": args.shape,
             "tokens": T,
@@ -390,9 +428,9 @@ def main(argv: list[str] | None = None) -> int:
             "top_k": K,
             "dtype": args.dtype,
             "routed_rows": S,
-        },  # fmt: skip
+        },
         "routing": {
-            "what": "top-k of iid normal scores, weights = softmax router probabilities of the chosen experts",
+            "what": "top-k of iid normal scores; weights = the chosen experts' softmax router probabilities",
             "seed": args.seed,
             "expert_loads": loads.tolist(),
         },
@@ -411,8 +449,11 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print_table(result)
     if best:
-        print(f"best: {best}, median {ok[best]['median_s'] * 1e3:.2f} ms = "
-              f"{result['best_ratio_to_dense']:.2f} x the dense bound", flush=True)  # fmt: skip
+        print(
+            f"best: {best}, median {ok[best]['median_s'] * 1e3:.2f} ms = "
+            f"{result['best_ratio_to_dense']:.2f} x the dense bound",
+            flush=True,
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -112,7 +112,7 @@ class MoEConfig:
     num_experts: int = 8
     top_k: int = 2
     expert_hidden: int = 256  # SwiGLU intermediate width per expert (F)
-    expert_backend: str = "loop"  # "loop" (torch reference); kernels plug in here later
+    expert_backend: str = "auto"  # auto | loop (torch reference) | grouped_mm | triton (docs/kernels.md)
     skip_expert: bool = False  # an extra "no-op" choice: a token routed to it gets no expert output
     skip_bias_init: float = -1.0  # initial balancing bias of the skip expert (zaya1 router)
     capacity_factor: float = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -26,6 +27,21 @@ PROJECT_ENV = {
 def set_project_env() -> None:
     for key, value in PROJECT_ENV.items():
         os.environ.setdefault(key, value)
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc's malloc to keep freed blocks up to 32 MiB in the heap instead of returning them to the OS.
+
+    A training step frees and reallocates the same activation-sized buffers every step; by default each one
+    above 128 KiB is an mmap that is unmapped on free, so every step page-faults its activations in again.
+    On the 2-core CI machine this costs ~25% of an expert-MLP step (docs/benchmarks.md). Returns False where
+    there is no glibc (macOS, musl) and nothing changed."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3  # mallopt parameter ids from glibc's malloc.h
+        return bool(libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 1 << 30))
+    except (OSError, AttributeError):
+        return False
 
 
 def _umask() -> int:

@@ -114,7 +114,7 @@ def test_debug_model_overfits_one_batch(name):
     model = ZayaLM(cfg)
     ids = torch.randint(0, cfg.vocab_size, (4, 33))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(150):
+    for _ in range(200):
         out = model(ids[:, :-1])
         loss = F.cross_entropy(out.logits.flatten(0, 1), ids[:, 1:].flatten())
         opt.zero_grad()

@@ -247,8 +247,12 @@ def _grouped_dw_kernel(
         rows = r0 + tl.arange(0, BLOCK_K)
         r_ok = rows < row_end
         pair = tl.load(sorted_pair_ptr + rows, mask=r_ok, other=0)
-        a_rows = pair // TOP_K if A_GATHER else rows
-        b_rows = pair // TOP_K if B_GATHER else rows
+        a_rows = rows
+        if A_GATHER:
+            a_rows = pair // TOP_K
+        b_rows = rows
+        if B_GATHER:
+            b_rows = pair // TOP_K
         a_ok = m_ok[:, None] & r_ok[None, :]
         a_ptrs = a_ptr + a_rows.to(tl.int64)[None, :] * stride_a + ms[:, None]  # (BLOCK_M, BLOCK_K) = A^T
         a = tl.load(a_ptrs, mask=a_ok, other=0.0)

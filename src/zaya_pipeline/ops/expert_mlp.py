@@ -66,6 +66,59 @@ def grouped_mm_aligned(d_model: int, hidden: int, dtype: torch.dtype) -> bool:
     return d_model % per_16_bytes == 0 and hidden % per_16_bytes == 0
 
 
+class _GroupedMMExpertMLP(torch.autograd.Function):
+    """All six GEMMs as ``grouped_mm`` over the expert-sorted rows, with a hand-written backward: it saves
+    the gathered x rows, gate|up and h, needs no concatenation, writes into output slices, and gets the
+    routing-weight grad as <dy W_down^T, h> (the same trick as the Triton kernels)."""
+
+    @staticmethod
+    def forward(ctx, x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD):
+        hidden = w_down_EFD.shape[1]
+        top_k = topk_ids_TK.shape[1]
+        order_S, token_S, num_tokens_per_expert_E = sort_by_expert(topk_ids_TK, w_gate_up_EDF2.shape[0])
+        offsets_E = num_tokens_per_expert_E.cumsum(0).to(torch.int32)  # end row of each expert's group
+        route_w_S = topk_weights_TK.reshape(-1)[order_S]
+        x_SD = x_TD.index_select(0, token_S)
+        gu_S2F = F.grouped_mm(x_SD, w_gate_up_EDF2, offs=offsets_E)
+        h_SF = F.silu(gu_S2F[:, :hidden]).mul_(gu_S2F[:, hidden:])
+        y_SD = F.grouped_mm(h_SF, w_down_EFD, offs=offsets_E).mul_(route_w_S.to(x_TD.dtype)[:, None])
+        ctx.save_for_backward(
+            x_SD, gu_S2F, h_SF, order_S, token_S, offsets_E, route_w_S, w_gate_up_EDF2, w_down_EFD
+        )
+        ctx.weights_shape = topk_weights_TK.shape
+        return _scatter_rows(y_SD, token_S, x_TD.shape[0], top_k)
+
+    @staticmethod
+    def backward(ctx, dy_TD):
+        x_SD, gu_S2F, h_SF, order_S, token_S, offsets_E, route_w_S, w_gate_up_EDF2, w_down_EFD = (
+            ctx.saved_tensors
+        )
+        hidden = w_down_EFD.shape[1]
+        gate_SF, up_SF = gu_S2F[:, :hidden], gu_S2F[:, hidden:]
+        w_S1 = route_w_S.to(dy_TD.dtype)[:, None]
+        dy_SD = dy_TD.index_select(0, token_S)
+        g_SF = F.grouped_mm(dy_SD, w_down_EFD.transpose(1, 2), offs=offsets_E)  # dy W_down^T, unweighted
+        d_route_w_S = torch.linalg.vecdot(g_SF.float(), h_SF.float())  # fp32 even for bf16 inputs
+        d_route_w_TK = torch.empty_like(d_route_w_S).index_copy_(0, order_S, d_route_w_S)
+        dw_down_EFD = F.grouped_mm(h_SF.t(), dy_SD.mul_(w_S1), offs=offsets_E)
+        dh_SF = g_SF.mul_(w_S1)
+        dgu_S2F = torch.empty_like(gu_S2F)
+        torch.mul(dh_SF, F.silu(gate_SF), out=dgu_S2F[:, hidden:])
+        torch.ops.aten.silu_backward.grad_input(dh_SF.mul_(up_SF), gate_SF, grad_input=dgu_S2F[:, :hidden])
+        dw_gate_up_EDF2 = F.grouped_mm(x_SD.t(), dgu_S2F, offs=offsets_E)
+        dx_SD = F.grouped_mm(dgu_S2F, w_gate_up_EDF2.transpose(1, 2), offs=offsets_E)
+        dx_TD = _scatter_rows(dx_SD, token_S, dy_TD.shape[0], ctx.weights_shape[1])
+        d_route_w = d_route_w_TK.view(ctx.weights_shape).to(route_w_S.dtype)
+        return dx_TD, None, d_route_w, dw_gate_up_EDF2, dw_down_EFD
+
+
+def _scatter_rows(rows_SD: torch.Tensor, token_S: torch.Tensor, num_tokens: int, top_k: int) -> torch.Tensor:
+    """Sum the expert-sorted rows back into their tokens; with K = 1 it is a permutation (no zero fill)."""
+    if top_k == 1:
+        return rows_SD.new_empty(num_tokens, rows_SD.shape[1]).index_copy_(0, token_S, rows_SD)
+    return rows_SD.new_zeros(num_tokens, rows_SD.shape[1]).index_add_(0, token_S, rows_SD)
+
+
 def _expert_mlp_grouped_mm(x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD) -> torch.Tensor:
     hidden = w_down_EFD.shape[1]
     if not grouped_mm_aligned(x_TD.shape[1], hidden, x_TD.dtype):
@@ -73,14 +126,9 @@ def _expert_mlp_grouped_mm(x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w
             f"expert_mlp(backend='grouped_mm'): D={x_TD.shape[1]} and F={hidden} must be multiples of "
             f"{16 // x_TD.element_size()} for {x_TD.dtype} (16-byte strides); use backend 'triton' or 'loop'"
         )
-    order_S, token_S, num_tokens_per_expert_E = sort_by_expert(topk_ids_TK, w_gate_up_EDF2.shape[0])
-    if order_S.numel() == 0:
+    if x_TD.shape[0] == 0:
         return torch.zeros_like(x_TD)
-    offsets_E = num_tokens_per_expert_E.cumsum(0).to(torch.int32)  # end row of each expert's group
-    weights_S = topk_weights_TK.reshape(-1)[order_S].to(x_TD.dtype)
-    gate_SF, up_SF = F.grouped_mm(x_TD[token_S], w_gate_up_EDF2, offs=offsets_E).split(hidden, dim=-1)
-    y_SD = F.grouped_mm(F.silu(gate_SF) * up_SF, w_down_EFD, offs=offsets_E)
-    return torch.zeros_like(x_TD).index_add(0, token_S, y_SD * weights_S[:, None])
+    return _GroupedMMExpertMLP.apply(x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD)
 
 
 def _expert_mlp_triton(*args) -> torch.Tensor:

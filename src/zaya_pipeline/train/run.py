@@ -30,7 +30,14 @@ from zaya_pipeline.errors import ConfigError, DataError
 from zaya_pipeline.model.checkpoint import save_model
 from zaya_pipeline.model.params import num_active_params, num_params
 from zaya_pipeline.train.optim import check_batch, check_schedule, planned_schedule
-from zaya_pipeline.utils import atomic_dir, get_logger, remove_outputs, set_project_env, write_json
+from zaya_pipeline.utils import (
+    atomic_dir,
+    get_logger,
+    keep_freed_memory,
+    remove_outputs,
+    set_project_env,
+    write_json,
+)
 
 log = get_logger("train")
 
@@ -177,6 +184,7 @@ def _trainer(cfg: ZayaConfig, logger, callbacks: list, root: Path):
 def train(cfg: ZayaConfig) -> dict:
     """Train the model described by ``cfg.model`` with ``cfg.train``; returns a short summary."""
     set_project_env()
+    keep_freed_memory()
     import lightning as L
     from lightning.pytorch.loggers import MLFlowLogger
 
