@@ -140,7 +140,8 @@ def test_triton_rejects_mixed_dtypes():
 def test_auto_picks_a_fast_backend():
     assert pick_backend("cpu") == "grouped_mm" and "triton" in available_backends("cpu")
     assert pick_backend("cpu", torch.float64) == "loop"
-    assert pick_backend("cuda") == "triton"
+    assert pick_backend("cuda", torch.bfloat16) == "grouped_mm" and pick_backend("cuda") == "triton"
+    assert pick_backend("cuda", torch.bfloat16, (18, 16)) == "triton"
 
 
 @pytest.mark.gpu

@@ -8,7 +8,7 @@ Backends (forward and backward for all):
 * ``triton`` — our kernels (``zaya_pipeline.kernels``) behind an autograd Function
   (``ops.triton_expert_mlp``): permutation by histogram + prefix sum, gathered grouped GEMMs with SwiGLU
   fused in, a top-k combine. On a CPU tensor it runs under the Triton interpreter (tests only: it is slow).
-* ``auto`` — the fastest available backend for the tensor's device (see ``pick_backend``).
+* ``auto`` — the best available backend for the tensor's device and dtype (see ``pick_backend``).
 
 Shape legend:
     T  tokens            D  model width         F  expert hidden width
@@ -163,7 +163,12 @@ def available_backends(
     grouped = ["grouped_mm"] if dims is None or grouped_mm_aligned(*dims, dtype) else []
     triton = ["triton"] if triton_available() else []
     if device.type == "cuda":  # CUDA and ROCm (torch.version.hip) both report "cuda"
-        return triton + grouped + ["loop"]
+        # torch's grouped_mm kernels take bf16 only on GPU. Our Triton kernels have not been compiled or timed
+        # on a GPU yet (docs/kernels.md), so auto prefers the measured-elsewhere grouped_mm where it applies;
+        # scripts/gpu_check.sh's benchmark decides whether triton goes first.
+        if dtype == torch.bfloat16:
+            return grouped + triton + ["loop"]
+        return triton + ["loop"]
     # CPU: the interpreter runs Triton for tests, far too slowly for training, so auto never picks it.
     return grouped + ["loop"] + triton
 
@@ -171,8 +176,8 @@ def available_backends(
 def pick_backend(
     device: torch.device | str, dtype: torch.dtype = torch.float32, dims: tuple[int, int] | None = None
 ) -> str:
-    """What ``auto`` runs: Triton on a GPU, else grouped_mm (docs/benchmarks.md, expert MLP); loop for
-    dtypes the kernels do not take (float64) and for sizes grouped_mm cannot stride."""
+    """What ``auto`` runs (docs/kernels.md): grouped_mm on CPU and for bf16 on a GPU, Triton for the other
+    GPU dtypes; loop for float64 and where neither applies (sizes grouped_mm cannot stride)."""
     return available_backends(device, dtype, dims)[0]
 
 
