@@ -275,6 +275,11 @@ class ParallelConfig:
     accelerator: str = "cpu"  # Lightning accelerator: "cpu", "gpu" (CUDA or ROCm), "auto"
     devices: int = 1
     strategy: str = "auto"  # Lightning strategy name
+    # Device mesh (distributed/mesh.py): world size = dp_replicate * dp_shard; expert-parallel ranks are
+    # taken from the sharding dimension, so ep divides dp_shard and the number of experts.
+    dp_replicate: int = 1  # HSDP replicas (each holds a full FSDP-sharded copy)
+    dp_shard: int = -1  # FSDP sharding degree; -1 = world size / dp_replicate
+    ep: int = 1  # expert-parallel degree: experts are split over this many ranks
 
 
 @dataclass

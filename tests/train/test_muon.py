@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import io
 import math
-import os
-import socket
-import time
-from datetime import timedelta
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zaya_pipeline.testing.distributed import run_distributed
 from zaya_pipeline.train.muon import MuonAdamW, muon_scale, newton_schulz
 
 
@@ -218,58 +215,34 @@ def fsdp_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(torch.randn(8, 16, generator=gen), torch.randn(8, 3, generator=gen)) for _ in range(FSDP_STEPS)]
 
 
-def fsdp_worker(rank: int, port: int, out_path: str) -> None:
-    import torch.distributed as dist
+def fsdp_worker(rank: int, world: int, out_path: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor, Shard
 
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60))
-    try:
-        mesh = init_device_mesh("cpu", (WORLD,))
-        model = fsdp_model()
-        for layer in model:
-            if isinstance(layer, nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        opt = MuonAdamW(muon_groups(model))
-        for x, y in fsdp_batches():
-            opt.zero_grad()
-            F.mse_loss(model(x[rank::WORLD]), y[rank::WORLD]).backward()
-            opt.step()
-        bufs = [opt.state[p]["momentum_buffer"] for p in opt.param_groups[0]["params"]]
-        assert all(isinstance(b, DTensor) and b.placements == (Shard(0),) for b in bufs)
-        assert [b.to_local().shape[0] for b in bufs] == [16, 8 - rank, 2 - rank]
-        full = {name: p.full_tensor() for name, p in model.named_parameters()}
-        if rank == 0:
-            torch.save(full, out_path)
-    finally:
-        dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    mesh = init_device_mesh("cpu", (world,))
+    model = fsdp_model()
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = MuonAdamW(muon_groups(model))
+    for x, y in fsdp_batches():
+        opt.zero_grad()
+        F.mse_loss(model(x[rank::world]), y[rank::world]).backward()
+        opt.step()
+    bufs = [opt.state[p]["momentum_buffer"] for p in opt.param_groups[0]["params"]]
+    assert all(isinstance(b, DTensor) and b.placements == (Shard(0),) for b in bufs)
+    assert [b.to_local().shape[0] for b in bufs] == [16, 8 - rank, 2 - rank]
+    full = {name: p.full_tensor() for name, p in model.named_parameters()}
+    if rank == 0:
+        torch.save(full, out_path)
 
 
 @pytest.mark.distributed
 def test_fsdp2_muon_matches_single_process(tmp_path):
-    import torch.multiprocessing as mp
-
     out = tmp_path / "fsdp.pt"
-    ctx = mp.spawn(fsdp_worker, args=(free_port(), str(out)), nprocs=WORLD, join=False)
-    deadline = time.monotonic() + 120
-    try:
-        while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                pytest.fail("FSDP2 workers did not finish within 120 s")
-    finally:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                proc.terminate()
+    run_distributed(fsdp_worker, WORLD, str(out))
 
     ref = fsdp_model()
     opt = MuonAdamW(muon_groups(ref))

@@ -84,6 +84,9 @@ class MoE(nn.Module):
         self.w_gate_up_EDF2 = nn.Parameter(torch.empty(E, D, 2 * F_))
         self.w_down_EFD = nn.Parameter(torch.empty(E, F_, D))
         self.shared = SharedExpert(D, cfg.shared_expert_hidden) if cfg.shared_expert_hidden else None
+        # Set from outside by distributed.expert_parallel (this layer then holds only its rank's experts);
+        # None = all experts are local.
+        self.dispatch = None
 
     def reset_parameters(self, std: float, out_std: float) -> None:
         """Inputs N(0, std); projections that write into the residual stream N(0, out_std)."""
@@ -124,6 +127,8 @@ class MoE(nn.Module):
         )
 
     def _experts(self, x_TD, ids_TK, weights_TK) -> torch.Tensor:
+        if self.dispatch is not None:
+            return self.dispatch(x_TD, ids_TK, weights_TK, self.w_gate_up_EDF2, self.w_down_EFD, self.backend)
         return expert_mlp(
             x_TD, ids_TK, weights_TK, self.w_gate_up_EDF2, self.w_down_EFD, backend=self.backend
         )
