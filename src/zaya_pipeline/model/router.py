@@ -157,8 +157,13 @@ class Zaya1Router(nn.Module):
         )
 
     @torch.no_grad()
-    def update_bias(self) -> None:
-        """One controller step on the loads routed since the last call (no-op if nothing was routed)."""
+    def update_bias(self, reduce_sum=None) -> None:
+        """One controller step on the loads routed since the last call (no-op if nothing was routed).
+
+        ``reduce_sum`` sums a tensor over the data-parallel ranks; with it every rank steps on the global
+        loads and the biases stay identical across ranks."""
+        if reduce_sum is not None:
+            self.pending_counts_E.copy_(reduce_sum(self.pending_counts_E.clone()))
         total = self.pending_counts_E.sum()
         if total == 0:
             return

@@ -117,11 +117,12 @@ class ZayaLM(nn.Module):
                 nn.init.ones_(module.weight)
 
     @torch.no_grad()
-    def update_router_biases(self) -> None:
-        """Once per optimizer step: the balancing-bias controller of every router that has one."""
+    def update_router_biases(self, reduce_sum=None) -> None:
+        """Once per optimizer step: the balancing-bias controller of every router that has one.
+        ``reduce_sum`` (set by the trainer under data parallelism) sums the expert loads over ranks."""
         for block in self.blocks:
             if hasattr(block.moe.router, "update_bias"):
-                block.moe.router.update_bias()
+                block.moe.router.update_bias(reduce_sum)
 
     def new_cache(self) -> KVCache:
         """An empty decoding cache for ``forward(ids, cache=...)``."""

@@ -64,7 +64,8 @@ class ZayaLitModule(L.LightningModule):
         if apply:
             opt.step()
             sched.step()
-            self.model.update_router_biases()  # once per optimizer step, after the weights moved
+            # once per optimizer step, after the weights moved, on the loads of all data-parallel ranks
+            self.model.update_router_biases(lambda t: reduce(t, reduce_op="sum"))
         opt.zero_grad(set_to_none=True)
         self.batches_consumed = int(batch["batch_index"]) + 1
         # Everything here feeds the telemetry callback (train/callbacks.py).
