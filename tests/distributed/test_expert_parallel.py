@@ -89,13 +89,13 @@ def layer_worker(rank, world, out):
     mesh = build_mesh(mesh_sizes(ParallelConfig(ep=world), world, E))  # (1, 1, 2): all ranks in one EP group
     assert mesh.mesh_dim_names == MESH_DIMS and mesh["ep"].size() == world
     apply_expert_parallel(layer, mesh["ep"].get_group())
-    assert layer.w_gate_up_EDF2.shape[0] == E // world
+    assert layer.experts.w_gate_up_EDF2.shape[0] == E // world
     x = t["x"][rank * T_LOCAL : (rank + 1) * T_LOCAL]
     result = layer(x[None])
     (mean_loss(result.y_BTD[0], t["cot"][rank * T_LOCAL : (rank + 1) * T_LOCAL]) + result.aux_loss).backward()
     grads = {}
     for name, p in layer.named_parameters():
-        if not name.startswith("w_"):  # replicated: the data-parallel average (what FSDP/DDP do)
+        if ".w_" not in f".{name}":  # replicated: the data-parallel average (what FSDP/DDP do)
             dist.all_reduce(p.grad)
             p.grad /= world
         grads[name] = p.grad
@@ -124,7 +124,7 @@ def test_expert_parallel_moe_layer_matches_one_process(tmp_path):
         atol=1e-6,
     )
     for name, p in layer.named_parameters():
-        if name.startswith("w_"):
+        if ".w_" in f".{name}":
             torch.testing.assert_close(
                 torch.cat([g["grads"][name] for g in got]), p.grad, rtol=1e-5, atol=1e-6
             )

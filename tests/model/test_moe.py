@@ -50,7 +50,7 @@ def test_skip_expert_really_skips():
             assert torch.equal(y_t, torch.zeros(D))
         else:
             expected = routed.topk_weights_TK[t, 0] * swiglu(
-                x[t], layer.w_gate_up_EDF2[e], layer.w_down_EFD[e]
+                x[t], layer.experts.w_gate_up_EDF2[e], layer.experts.w_down_EFD[e]
             )
             torch.testing.assert_close(y_t, expected[0])
 
@@ -118,7 +118,7 @@ def test_expert_backend_is_chosen_by_config_and_matches_loop(backend, options):
     for name in ("loop", backend):
         layer = moe(expert_backend=name, top_k=2, **options)
         out = layer(x)
-        grads = torch.autograd.grad(out.y_BTD.square().sum(), (layer.w_gate_up_EDF2, layer.w_down_EFD))
+        grads = torch.autograd.grad(out.y_BTD.square().sum(), layer.experts.weights())
         results[name] = (out.y_BTD, *grads)
     for got, want in zip(results[backend], results["loop"], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)  # fp32, other summation order

@@ -64,7 +64,7 @@ def measured(model: ZayaLM, include_embedding: bool) -> tuple[float, float]:
     embedding = {id(model.embed.weight)} | (
         {id(model.lm_head.weight)} if model.lm_head is not None else set()
     )
-    experts = {id(b.moe.w_gate_up_EDF2) for b in model.blocks} | {id(b.moe.w_down_EFD) for b in model.blocks}
+    experts = {id(w) for b in model.blocks for w in b.moe.experts.weights()}
     total = active = 0.0
     for p in model.parameters():
         if not include_embedding and id(p) in embedding:

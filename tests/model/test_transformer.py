@@ -82,7 +82,7 @@ def test_depth_scaled_init_of_residual_projections():
     block = model.blocks[0]
     assert block.attn.qkv.weight.std().item() == pytest.approx(cfg.init_std, rel=0.1)
     assert block.attn.out.weight.std().item() == pytest.approx(cfg.init_std / 4, rel=0.1)  # / sqrt(2 * 8)
-    assert block.moe.w_down_EFD.std().item() == pytest.approx(cfg.init_std / 4, rel=0.1)
+    assert block.moe.experts.w_down_EFD.std().item() == pytest.approx(cfg.init_std / 4, rel=0.1)
     assert torch.equal(block.attn_norm.weight, torch.ones(cfg.d_model))
 
 

@@ -55,7 +55,11 @@ def test_every_parameter_lands_in_exactly_one_group(name, variant):
     # The default rules: no decay for embeddings / norms / scales; Muon only for hidden matrices.
     assert by_name["embed.weight"].weight_decay == 0.0 and by_name["embed.weight"].optimizer == "adamw"
     assert by_name["final_norm.weight"].name == "no_decay"
-    for hidden in ("blocks.0.moe.w_gate_up_EDF2", "blocks.1.moe.w_down_EFD", "blocks.0.attn.out.weight"):
+    for hidden in (
+        "blocks.0.moe.experts.w_gate_up_EDF2",
+        "blocks.1.moe.experts.w_down_EFD",
+        "blocks.0.attn.out.weight",
+    ):
         assert by_name[hidden].name == "hidden" and by_name[hidden].optimizer == name
         assert by_name[hidden].weight_decay == 0.1
     router = [n for n in by_name if ".router." in n and n.endswith("weight") and "norm" not in n]

@@ -95,7 +95,7 @@ def apply_expert_parallel(model: torch.nn.Module, group: dist.ProcessGroup) -> N
         num_local = module.num_experts // ep
         keep = slice(rank * num_local, (rank + 1) * num_local)
         for name in ("w_gate_up_EDF2", "w_down_EFD"):
-            local = torch.nn.Parameter(getattr(module, name).detach()[keep].clone())
+            local = torch.nn.Parameter(getattr(module.experts, name).detach()[keep].clone())
             local.register_hook(lambda g, ep=ep: g / ep)
-            setattr(module, name, local)
+            setattr(module.experts, name, local)
         module.dispatch = _ExpertParallelDispatch(group)

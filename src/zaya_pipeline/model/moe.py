@@ -59,6 +59,20 @@ class SharedExpert(nn.Module):
         return self.down(F.silu(gate) * up)
 
 
+class RoutedExperts(nn.Module):
+    """The routed experts' weights, one tensor per projection with a leading expert dim: the layout grouped
+    kernels and expert parallelism (sharding dim 0) want. A module of its own so that distributed code can
+    shard it over its own mesh dims (experts: EP x FSDP; the rest of the block: FSDP)."""
+
+    def __init__(self, num_experts: int, d_model: int, hidden: int):
+        super().__init__()
+        self.w_gate_up_EDF2 = nn.Parameter(torch.empty(num_experts, d_model, 2 * hidden))
+        self.w_down_EFD = nn.Parameter(torch.empty(num_experts, hidden, d_model))
+
+    def weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.w_gate_up_EDF2, self.w_down_EFD
+
+
 class MoE(nn.Module):
     def __init__(self, d_model: int, cfg: MoEConfig):
         super().__init__()
@@ -78,12 +92,8 @@ class MoE(nn.Module):
         self.aux_loss_coef = cfg.router.aux_loss_coef
         self.z_loss_coef = cfg.router.z_loss_coef
         self.router = build_router(d_model, cfg)
-        E, D, F_ = cfg.num_experts, d_model, cfg.expert_hidden
-        # One tensor per projection kind with a leading expert dim: the layout grouped kernels and expert
-        # parallelism (sharding dim 0) want.
-        self.w_gate_up_EDF2 = nn.Parameter(torch.empty(E, D, 2 * F_))
-        self.w_down_EFD = nn.Parameter(torch.empty(E, F_, D))
-        self.shared = SharedExpert(D, cfg.shared_expert_hidden) if cfg.shared_expert_hidden else None
+        self.experts = RoutedExperts(cfg.num_experts, d_model, cfg.expert_hidden)
+        self.shared = SharedExpert(d_model, cfg.shared_expert_hidden) if cfg.shared_expert_hidden else None
         # Set from outside by distributed.expert_parallel (this layer then holds only its rank's experts);
         # None = all experts are local.
         self.dispatch = None
@@ -91,8 +101,8 @@ class MoE(nn.Module):
     def reset_parameters(self, std: float, out_std: float) -> None:
         """Inputs N(0, std); projections that write into the residual stream N(0, out_std)."""
         self.router.reset_parameters(std)
-        nn.init.normal_(self.w_gate_up_EDF2, std=std)
-        nn.init.normal_(self.w_down_EFD, std=out_std)
+        nn.init.normal_(self.experts.w_gate_up_EDF2, std=std)
+        nn.init.normal_(self.experts.w_down_EFD, std=out_std)
         if self.shared is not None:
             nn.init.normal_(self.shared.gate_up.weight, std=std)
             nn.init.normal_(self.shared.down.weight, std=out_std)
@@ -128,7 +138,5 @@ class MoE(nn.Module):
 
     def _experts(self, x_TD, ids_TK, weights_TK) -> torch.Tensor:
         if self.dispatch is not None:
-            return self.dispatch(x_TD, ids_TK, weights_TK, self.w_gate_up_EDF2, self.w_down_EFD, self.backend)
-        return expert_mlp(
-            x_TD, ids_TK, weights_TK, self.w_gate_up_EDF2, self.w_down_EFD, backend=self.backend
-        )
+            return self.dispatch(x_TD, ids_TK, weights_TK, *self.experts.weights(), self.backend)
+        return expert_mlp(x_TD, ids_TK, weights_TK, *self.experts.weights(), backend=self.backend)
