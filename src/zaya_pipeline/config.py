@@ -280,6 +280,9 @@ class ParallelConfig:
     dp_replicate: int = 1  # HSDP replicas (each holds a full FSDP-sharded copy)
     dp_shard: int = -1  # FSDP sharding degree; -1 = world size / dp_replicate
     ep: int = 1  # expert-parallel degree: experts are split over this many ranks
+    activation_checkpointing: str = "none"  # "none" | "full" (every block) | "selective" (every 2nd block)
+    compile: bool = False  # torch.compile each block (after checkpointing, before FSDP)
+    param_dtype: str = "float32"  # FSDP2 compute dtype of the parameters ("bfloat16" on GPUs); reduce: fp32
 
 
 @dataclass

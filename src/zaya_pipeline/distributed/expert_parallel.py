@@ -13,7 +13,7 @@ exact zero gradients (no hang, no ``None`` grads).
 
 Gradient convention: every rank's loss is the mean over its own tokens, and the data-parallel reduction
 averages gradients over ranks. The experts' weights receive contributions from the tokens of every EP rank,
-so their gradients are divided by the EP size (``apply_expert_parallel`` registers the hook). Then, for
+so their gradients are divided by the EP size (in the dispatch, on the weights as used). Then, for
 equal tokens per rank, every gradient equals the single-process gradient of the mean loss over the global
 batch (tested).
 
@@ -71,21 +71,40 @@ def expert_parallel_mlp(
     return torch.zeros_like(x_TD).index_add(0, token_S, y_SD * weights_S[:, None])
 
 
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; the backward multiplies the gradient by ``scale``."""
+
+    @staticmethod
+    def forward(ctx, x, scale: float):
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale, None
+
+
 class _ExpertParallelDispatch:
-    """What a MoE layer's ``dispatch`` hook holds under expert parallelism (a class: no closures)."""
+    """What a RoutedExperts module's ``dispatch`` hook holds under expert parallelism (a class: no closures).
+
+    The 1 / ep gradient scale is applied to the weights as used here (after any FSDP unshard), so it holds
+    whatever reduction follows (none, or FSDP's average over the experts' own shard group)."""
 
     def __init__(self, group: dist.ProcessGroup):
         self.group = group
+        self.grad_scale = 1.0 / dist.get_world_size(group)
 
     def __call__(self, x_TD, topk_ids_TK, topk_weights_TK, w_gate_up, w_down, backend):
+        w_gate_up = _ScaleGrad.apply(w_gate_up, self.grad_scale)
+        w_down = _ScaleGrad.apply(w_down, self.grad_scale)
         return expert_parallel_mlp(
             x_TD, topk_ids_TK, topk_weights_TK, w_gate_up, w_down, group=self.group, backend=backend
         )
 
 
 def apply_expert_parallel(model: torch.nn.Module, group: dist.ProcessGroup) -> None:
-    """Keep only this rank's experts in every MoE layer of ``model``, route through ``group``, and scale the
-    expert gradients by 1 / ep (the convention above). The first step of ``parallelize_zaya``."""
+    """Keep only this rank's experts in every MoE layer of ``model`` and route their tokens through
+    ``group``, with the 1 / ep gradient convention above. The first step of ``parallelize_zaya``."""
     from zaya_pipeline.model.moe import MoE
 
     ep, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -96,6 +115,5 @@ def apply_expert_parallel(model: torch.nn.Module, group: dist.ProcessGroup) -> N
         keep = slice(rank * num_local, (rank + 1) * num_local)
         for name in ("w_gate_up_EDF2", "w_down_EFD"):
             local = torch.nn.Parameter(getattr(module.experts, name).detach()[keep].clone())
-            local.register_hook(lambda g, ep=ep: g / ep)
             setattr(module.experts, name, local)
-        module.dispatch = _ExpertParallelDispatch(group)
+        module.experts.dispatch = _ExpertParallelDispatch(group)

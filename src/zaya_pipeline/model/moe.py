@@ -64,13 +64,23 @@ class RoutedExperts(nn.Module):
     kernels and expert parallelism (sharding dim 0) want. A module of its own so that distributed code can
     shard it over its own mesh dims (experts: EP x FSDP; the rest of the block: FSDP)."""
 
-    def __init__(self, num_experts: int, d_model: int, hidden: int):
+    def __init__(self, num_experts: int, d_model: int, hidden: int, backend: str):
         super().__init__()
         self.w_gate_up_EDF2 = nn.Parameter(torch.empty(num_experts, d_model, 2 * hidden))
         self.w_down_EFD = nn.Parameter(torch.empty(num_experts, hidden, d_model))
+        self.backend = backend
+        # Set from outside by distributed.expert_parallel (this module then holds only its rank's experts);
+        # None = all experts are local.
+        self.dispatch = None
 
     def weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.w_gate_up_EDF2, self.w_down_EFD
+
+    def forward(self, x_TD, topk_ids_TK, topk_weights_TK) -> torch.Tensor:
+        # A forward of its own (not a bare weight access), so FSDP's pre-forward unshard hooks fire.
+        if self.dispatch is not None:
+            return self.dispatch(x_TD, topk_ids_TK, topk_weights_TK, *self.weights(), self.backend)
+        return expert_mlp(x_TD, topk_ids_TK, topk_weights_TK, *self.weights(), backend=self.backend)
 
 
 class MoE(nn.Module):
@@ -92,11 +102,8 @@ class MoE(nn.Module):
         self.aux_loss_coef = cfg.router.aux_loss_coef
         self.z_loss_coef = cfg.router.z_loss_coef
         self.router = build_router(d_model, cfg)
-        self.experts = RoutedExperts(cfg.num_experts, d_model, cfg.expert_hidden)
+        self.experts = RoutedExperts(cfg.num_experts, d_model, cfg.expert_hidden, cfg.expert_backend)
         self.shared = SharedExpert(d_model, cfg.shared_expert_hidden) if cfg.shared_expert_hidden else None
-        # Set from outside by distributed.expert_parallel (this layer then holds only its rank's experts);
-        # None = all experts are local.
-        self.dispatch = None
 
     def reset_parameters(self, std: float, out_std: float) -> None:
         """Inputs N(0, std); projections that write into the residual stream N(0, out_std)."""
@@ -137,6 +144,4 @@ class MoE(nn.Module):
         )
 
     def _experts(self, x_TD, ids_TK, weights_TK) -> torch.Tensor:
-        if self.dispatch is not None:
-            return self.dispatch(x_TD, ids_TK, weights_TK, *self.experts.weights(), self.backend)
-        return expert_mlp(x_TD, ids_TK, weights_TK, *self.experts.weights(), backend=self.backend)
+        return self.experts(x_TD, ids_TK, weights_TK)
