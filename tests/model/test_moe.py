@@ -122,3 +122,11 @@ def test_expert_backend_is_chosen_by_config_and_matches_loop(backend, options):
         results[name] = (out.y_BTD, *grads)
     for got, want in zip(results[backend], results["loop"], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)  # fp32, other summation order
+
+
+def test_checkpoints_from_before_the_experts_submodule_still_load():
+    layer, old = moe(), moe()
+    state = {k.replace("experts.", ""): v.clone() + 1 for k, v in old.state_dict().items()}
+    assert "w_down_EFD" in state
+    layer.load_state_dict(state)  # strict
+    torch.testing.assert_close(layer.experts.w_down_EFD, old.experts.w_down_EFD + 1)

@@ -144,7 +144,7 @@ def test_zaya1_router_biases_move_once_per_optimizer_step_and_are_saved(tmp_path
 
     calls = []
     update = ZayaLM.update_router_biases
-    monkeypatch.setattr(ZayaLM, "update_router_biases", lambda self: (calls.append(1), update(self)))
+    monkeypatch.setattr(ZayaLM, "update_router_biases", lambda self, *a: (calls.append(1), update(self, *a)))
     steps = 6
     cfg = debug_config(
         tmp_path,

@@ -95,7 +95,6 @@ class MoE(nn.Module):
         if cfg.shared_expert_hidden < 0:
             raise ConfigError(f"model.moe.shared_expert_hidden must be >= 0, got {cfg.shared_expert_hidden}")
         resolve_backend(cfg.expert_backend)  # fail at build time, not at the first forward
-        self.backend = cfg.expert_backend
         self.num_experts = cfg.num_experts
         self.skip_expert = cfg.skip_expert
         self.capacity_factor = cfg.capacity_factor
@@ -104,6 +103,12 @@ class MoE(nn.Module):
         self.router = build_router(d_model, cfg)
         self.experts = RoutedExperts(cfg.num_experts, d_model, cfg.expert_hidden, cfg.expert_backend)
         self.shared = SharedExpert(d_model, cfg.shared_expert_hidden) if cfg.shared_expert_hidden else None
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        for name in ("w_gate_up_EDF2", "w_down_EFD"):  # checkpoints written before RoutedExperts existed
+            if prefix + name in state_dict:
+                state_dict[f"{prefix}experts.{name}"] = state_dict.pop(prefix + name)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def reset_parameters(self, std: float, out_std: float) -> None:
         """Inputs N(0, std); projections that write into the residual stream N(0, out_std)."""
