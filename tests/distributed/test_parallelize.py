@@ -15,6 +15,7 @@ from zaya_pipeline.model.transformer import ZayaLM
 from zaya_pipeline.testing.distributed import run_distributed
 
 STEPS, B_LOCAL, SEQ = 10, 2, 16
+MAX_NORM = 0.2  # below the early grad norms: clipping is active, so the global norm must be right
 
 
 def model_config() -> ModelConfig:
@@ -44,6 +45,7 @@ def lm_loss(model, ids):
 
 
 def worker(rank, world, parallel_kw, out):
+    from zaya_pipeline.distributed.grad_norm import clip_grad_norm_
     from zaya_pipeline.distributed.mesh import build_mesh, mesh_sizes
     from zaya_pipeline.distributed.parallelize import parallelize_zaya
 
@@ -52,16 +54,17 @@ def worker(rank, world, parallel_kw, out):
     mesh = build_mesh(mesh_sizes(cfg, world, model_config().moe.num_experts))
     parallelize_zaya(model, mesh, cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
-    losses = []
+    losses, norms = [], []
     for ids in batches(world):
         loss = lm_loss(model, ids[rank * B_LOCAL : (rank + 1) * B_LOCAL])
         opt.zero_grad()
         loss.backward()
+        norms.append(clip_grad_norm_(model.parameters(), MAX_NORM, cfg.dp_replicate).item())
         opt.step()
         losses.append(loss.item())
     wrapper = "._checkpoint_wrapped_module"  # activation checkpointing's wrapper module, not in the reference
     params = {name.replace(wrapper, ""): p.full_tensor() for name, p in model.named_parameters()}
-    torch.save({"losses": losses, "params": params}, out % rank)
+    torch.save({"losses": losses, "norms": norms, "params": params}, out % rank)
 
 
 @pytest.mark.distributed
@@ -76,18 +79,22 @@ def test_processes_match_one_on_the_global_batch(tmp_path, world, parallel_kw):
     run_distributed(worker, world, parallel_kw, out, timeout_s=240)
     ref = fresh_model()
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
-    ref_losses = []
+    ref_losses, ref_norms = [], []
     for ids in batches(world):
         # the global mean = the mean of the equal-sized per-rank means
         loss = sum(lm_loss(ref, ids[r * B_LOCAL : (r + 1) * B_LOCAL]) for r in range(world)) / world
         opt.zero_grad()
         loss.backward()
+        ref_norms.append(torch.nn.utils.clip_grad_norm_(ref.parameters(), MAX_NORM).item())
         opt.step()
         ref_losses.append(loss.item())
     got = [torch.load(out % r) for r in range(world)]
     mean_losses = [sum(g["losses"][s] for g in got) / world for s in range(STEPS)]
     for step, (a, b) in enumerate(zip(mean_losses, ref_losses, strict=True)):
         assert abs(a - b) / abs(b) < 1e-4, f"step {step}: {a} vs {b}"
+    for g in got:
+        torch.testing.assert_close(g["norms"], ref_norms, rtol=1e-4, atol=0)
+    assert ref_norms[0] > MAX_NORM
     assert ref_losses[-1] < ref_losses[0] - 0.3  # it trained
     ep = parallel_kw["ep"]
     for name, p in ref.named_parameters():
