@@ -110,8 +110,13 @@ def _run_hydra(stage: str, argv: list[str]) -> None:
 
     conf = config_dir()
 
+    command_line = list(sys.argv)
+
     @hydra.main(config_path=str(conf), config_name="config", version_base="1.3")
     def app(raw: Any) -> None:
+        # Hydra has parsed its argv: restore the real command line, which Lightning re-runs to launch the
+        # other processes of a multi-process run (parallel.devices > 1).
+        sys.argv = command_line
         try:
             cfg = to_schema(raw, origin=f"{conf}/config.yaml")
             hc = HydraConfig.get()

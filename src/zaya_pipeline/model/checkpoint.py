@@ -38,11 +38,13 @@ def model_config_from_dict(d: dict, origin: str) -> ModelConfig:
     return build(ModelConfig, d, "model.")
 
 
-def save_model(path: str | Path, model: ZayaLM, model_cfg: ModelConfig) -> Path:
-    """Write atomically (temp file + rename): a crash never leaves a truncated model.pt."""
+def save_model(path: str | Path, model: ZayaLM, model_cfg: ModelConfig, state: dict | None = None) -> Path:
+    """Write atomically (temp file + rename): a crash never leaves a truncated model.pt. ``state`` (a full
+    state dict, e.g. ``distributed.state.full_state_dict``) replaces ``model.state_dict()`` when given."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if state is None:
+        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(fd)
     try:

@@ -158,7 +158,8 @@ class TrainTelemetry(L.Callback):
         self.last_emitted_step = step
         eta = (self.max_steps - step) * self.train_seconds / max(step - self._start_step, 1)
         worst = max(metrics[f"load/l{i}/max_over_mean"] for i in range(frac_LE.shape[0]))
-        log.info(
+        info = log.info if trainer.is_global_zero else log.debug  # one progress line per step, not per rank
+        info(
             "step %d/%d  loss %.4f  aux %.4f  lr %.2e  %.0f tok/s  max load/mean %.2f  skipped %d  ETA %s",
             *(step, self.max_steps, loss, metrics["train/aux_loss"], lr, tokens_per_s, worst),
             *(self.skipped_steps, _fmt_duration(eta)),
@@ -188,6 +189,7 @@ class TrainTelemetry(L.Callback):
             trainer.logger.log_metrics({"val/loss": val_loss}, step=step)
         self.val_rows.append((step, val_loss))
         self.last_val_step = step
-        log.info("step %d/%d  val_loss %.4f  (%d tokens)", step, self.max_steps, val_loss, int(tokens))
+        if trainer.is_global_zero:
+            log.info("step %d/%d  val_loss %.4f  (%d tokens)", step, self.max_steps, val_loss, int(tokens))
         if hasattr(self, "_paused"):
             self._paused += time.perf_counter() - self._val_t0

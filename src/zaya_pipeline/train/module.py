@@ -15,7 +15,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from zaya_pipeline.config import ModelConfig, TrainConfig
+from zaya_pipeline.config import ModelConfig, ParallelConfig, TrainConfig
 from zaya_pipeline.model.transformer import LMOutput, ZayaLM
 from zaya_pipeline.train.optim import build_optimizer, build_scheduler
 from zaya_pipeline.train.stability import SpikeGuard
@@ -27,8 +27,15 @@ def lm_loss(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
 
 
 class ZayaLitModule(L.LightningModule):
-    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, world_size: int = 1):
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        train_cfg: TrainConfig,
+        world_size: int = 1,
+        parallel_cfg: ParallelConfig | None = None,
+    ):
         super().__init__()
+        self.parallel_cfg = parallel_cfg  # set with parallel.strategy=fsdp2: configure_model parallelizes
         self.automatic_optimization = False
         self.model_cfg = model_cfg
         self.train_cfg = train_cfg
@@ -36,6 +43,26 @@ class ZayaLitModule(L.LightningModule):
         self.model = ZayaLM(model_cfg)
         self.guard = SpikeGuard(train_cfg.stability)
         self.batches_consumed = 0  # the data position: the next training batch to draw
+        self.parallelized = False
+
+    def configure_model(self) -> None:
+        """Under ``distributed.strategy.ZayaParallelStrategy``: EP, checkpointing, compile, FSDP2."""
+        mesh = getattr(self, "_device_mesh", None)
+        if self.parallel_cfg is None or mesh is None or self.parallelized:
+            return
+        from zaya_pipeline.distributed.parallelize import parallelize_zaya
+
+        parallelize_zaya(self.model, mesh, self.parallel_cfg)
+        self.parallelized = True
+
+    def full_state_dict(self) -> dict | None:
+        """The single-device state dict of a parallelized model (a collective: call it on every rank);
+        None when the model was not parallelized (``model.state_dict()`` is already full)."""
+        if not self.parallelized:
+            return None
+        from zaya_pipeline.distributed.state import full_state_dict
+
+        return full_state_dict(self.model, self._device_mesh["ep"].get_group())
 
     def forward(self, input_ids_BT: torch.Tensor) -> LMOutput:
         return self.model(input_ids_BT)
@@ -55,7 +82,12 @@ class ZayaLitModule(L.LightningModule):
             z, dropped = z + out.z_loss * share, dropped + out.dropped_slots.detach()
             counts_LE = out.expert_counts_LE if counts_LE is None else counts_LE + out.expert_counts_LE
         max_norm = self.train_cfg.optim.grad_clip or math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if self.parallelized:  # experts and the rest are DTensors on different meshes
+            from zaya_pipeline.distributed.grad_norm import clip_grad_norm_
+
+            grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, self.parallel_cfg.dp_replicate)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         # Every rank must take the same decision: decide on the all-rank mean loss and max grad norm.
         reduce = self.trainer.strategy.reduce
         mean_ce = float(reduce(ce.clone(), reduce_op="mean"))

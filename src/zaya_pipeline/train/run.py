@@ -163,7 +163,7 @@ def _trainer(cfg: ZayaConfig, logger, callbacks: list, root: Path):
     return L.Trainer(
         accelerator=cfg.parallel.accelerator,
         devices=cfg.parallel.devices,
-        strategy=cfg.parallel.strategy,
+        strategy=_strategy(cfg),
         precision=t.precision,
         max_steps=t.max_steps,
         deterministic=t.deterministic,
@@ -179,6 +179,15 @@ def _trainer(cfg: ZayaConfig, logger, callbacks: list, root: Path):
         enable_model_summary=False,
         default_root_dir=str(root),
     )
+
+
+def _strategy(cfg: ZayaConfig):
+    """A Lightning strategy name, or ours for ``parallel.strategy=fsdp2`` (FSDP2 x EP on our mesh)."""
+    if cfg.parallel.strategy != "fsdp2":
+        return cfg.parallel.strategy
+    from zaya_pipeline.distributed.strategy import ZayaParallelStrategy
+
+    return ZayaParallelStrategy(cfg.parallel, cfg.model.moe.num_experts)
 
 
 def train(cfg: ZayaConfig) -> dict:
@@ -217,7 +226,12 @@ def train(cfg: ZayaConfig) -> dict:
 
     L.seed_everything(tcfg.seed, workers=True, verbose=False)
     data = TokenDataModule(paths.tokens, tcfg, model_cfg.vocab_size, world)
-    module = ZayaLitModule(model_cfg, tcfg, world)
+    fsdp2 = cfg.parallel.strategy == "fsdp2"
+    if fsdp2 and tcfg.checkpoint_every:
+        raise ConfigError(
+            "train.checkpoint_every with parallel.strategy=fsdp2: distributed checkpoints are not built yet"
+        )
+    module = ZayaLitModule(model_cfg, tcfg, world, cfg.parallel if fsdp2 else None)
     sizes = param_counts(model_cfg)
     log.info(
         "model %s: %.2fM params (%.2fM active per token), vocab %d; %d steps of %d x %d tokens",
@@ -257,8 +271,9 @@ def train(cfg: ZayaConfig) -> dict:
             if telemetry.last_val_step != trainer.global_step:
                 trainer.validate(module, datamodule=data, verbose=False)
         fit_s = time.perf_counter() - t_start
+        full_state = module.full_state_dict()  # every rank takes part in the gathers
         if trainer.is_global_zero:
-            save_model(out / "model.pt", module.model, model_cfg)
+            save_model(out / "model.pt", module.model, model_cfg, full_state)
             run = {"run_id": logger.run_id, "experiment_id": experiment_id, "tracking_uri": uri}
             write_json(out / "run.json", run)
             plot_schedule(schedule_rows, out / "schedule.png")
