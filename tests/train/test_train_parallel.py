@@ -22,6 +22,7 @@ def run_train(root, token_dir, *overrides):
         "train.val_every=4",
         "train.log_every=2",
         "train.global_batch=16",  # the same global batch for 1 and 2 processes
+        "train.micro_batch=4",  # 2 micro-batches per rank: gradients sync once, after the last
         "model.moe.router.aux_loss_coef=0.0",  # aux and z losses are per-rank means: off for the parity
         "model.moe.router.z_loss_coef=0.0",
         f"paths.tokens={token_dir}",

@@ -74,6 +74,8 @@ class ZayaLitModule(L.LightningModule):
         ce = aux = z = dropped = torch.zeros((), device=ids_BT.device)
         counts_LE = None
         for start in range(0, B, mb):
+            if self.parallelized:  # FSDP2: reduce-scatter the gradients once, after the last micro-batch
+                self.model.set_requires_gradient_sync(start + mb >= B)
             out = self.model(ids_BT[start : start + mb])
             chunk_ce = lm_loss(out.logits, labels_BT[start : start + mb])
             share = min(mb, B - start) / B
