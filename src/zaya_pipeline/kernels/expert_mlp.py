@@ -50,7 +50,8 @@ def _cast(x, dtype, UPCAST: tl.constexpr):
 
 @triton.jit
 def _tile_rows(pid_m, counts_ptr, E, BLOCK_M: tl.constexpr, E_POW2: tl.constexpr):
-    """(expert, first row, end row) of M tile ``pid_m``; expert == E for the grid's spare tiles."""
+    """(expert, its BLOCK_M rows, which of them are real) of M tile ``pid_m``; expert == E for the grid's
+    spare tiles."""
     e_idx = tl.arange(0, E_POW2)
     counts = tl.load(counts_ptr + e_idx, mask=e_idx < E, other=0)
     tiles = (counts + BLOCK_M - 1) // BLOCK_M
@@ -60,7 +61,32 @@ def _tile_rows(pid_m, counts_ptr, E, BLOCK_M: tl.constexpr, E_POW2: tl.constexpr
     row_end = tl.sum(tl.where(mine, tl.cumsum(counts, 0), 0), 0)
     row_begin = row_end - tl.sum(tl.where(mine, counts, 0), 0)
     tile_begin = tl.sum(tl.where(mine, tile_end - tiles, 0), 0)
-    return expert, row_begin + (pid_m - tile_begin) * BLOCK_M, row_end
+    rows = row_begin + (pid_m - tile_begin) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return expert, rows, rows < row_end
+
+
+@triton.jit
+def _rows_matmul(
+    a_ptr, a_rows, stride_a, row_ok, b_base, stride_bk, stride_bn, cols, col_ok, K,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """fp32 (BLOCK_M, BLOCK_N) tile of A[a_rows, :K] @ B[:K, cols]: A rows by index (gathered or not),
+    B by strides (so a transposed view costs nothing)."""
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        a = tl.load(
+            a_ptr + a_rows.to(tl.int64)[:, None] * stride_a + ks[None, :],
+            mask=row_ok[:, None] & k_ok[None, :], other=0.0,
+        )  # fmt: skip
+        b = tl.load(
+            b_base + ks[:, None] * stride_bk + cols[None, :] * stride_bn,
+            mask=k_ok[:, None] & col_ok[None, :], other=0.0,
+        )  # fmt: skip
+        acc = _dot(a, b, acc, UPCAST, PRECISION)
+    return acc
 
 
 @triton.jit
@@ -101,11 +127,9 @@ def _gate_up_kernel(
     """gu[r] = x[token(r)] @ W_gu[e] for the rows r of expert e, and h[r] = silu(gate) * up.
     gu is (S, 2F), h (S, F)."""
     pid_n = tl.program_id(1)  # M tiles on axis 0: it has no 65535 limit, and neighbours share W columns
-    expert, row0, row_end = _tile_rows(tl.program_id(0), counts_ptr, E, BLOCK_M, E_POW2)
+    expert, rows, row_ok = _tile_rows(tl.program_id(0), counts_ptr, E, BLOCK_M, E_POW2)
     if expert >= E:
         return
-    rows = row0 + tl.arange(0, BLOCK_M)
-    row_ok = rows < row_end
     token = tl.load(sorted_pair_ptr + rows, mask=row_ok, other=0) // TOP_K
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < F
@@ -145,27 +169,16 @@ def _grouped_gemm_kernel(
 ):  # fmt: skip
     """c[r] = a[r] @ B[e] (R x N, any strides) for the expert-sorted rows r of expert e."""
     pid_n = tl.program_id(1)  # M tiles on axis 0: it has no 65535 limit, and neighbours share W columns
-    expert, row0, row_end = _tile_rows(tl.program_id(0), counts_ptr, E, BLOCK_M, E_POW2)
+    expert, rows, row_ok = _tile_rows(tl.program_id(0), counts_ptr, E, BLOCK_M, E_POW2)
     if expert >= E:
         return
-    rows = row0 + tl.arange(0, BLOCK_M)
-    row_ok = rows < row_end
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     b_base = b_ptr + expert.to(tl.int64) * stride_be
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, R, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < R
-        a = tl.load(
-            a_ptr + rows.to(tl.int64)[:, None] * stride_am + ks[None, :],
-            mask=row_ok[:, None] & k_ok[None, :], other=0.0,
-        )  # fmt: skip
-        b = tl.load(
-            b_base + ks[:, None] * stride_br + cols[None, :] * stride_bn,
-            mask=k_ok[:, None] & col_ok[None, :], other=0.0,
-        )  # fmt: skip
-        acc = _dot(a, b, acc, UPCAST, PRECISION)
+    acc = _rows_matmul(
+        a_ptr, rows, stride_am, row_ok, b_base, stride_br, stride_bn, cols, col_ok, R,
+        UPCAST, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
     c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
     tl.store(c_ptrs, _cast(acc, c_ptr.dtype.element_ty, UPCAST), mask=row_ok[:, None] & col_ok[None, :])
 
@@ -183,29 +196,18 @@ def _down_bwd_kernel(
     d gate = dh * up * silu'(gate), d up = dh * silu(gate).
     """
     pid_n = tl.program_id(1)  # M tiles on axis 0: it has no 65535 limit, and neighbours share W columns
-    expert, row0, row_end = _tile_rows(tl.program_id(0), counts_ptr, E, BLOCK_M, E_POW2)
+    expert, rows, row_ok = _tile_rows(tl.program_id(0), counts_ptr, E, BLOCK_M, E_POW2)
     if expert >= E:
         return
-    rows = row0 + tl.arange(0, BLOCK_M)
-    row_ok = rows < row_end
     pair = tl.load(sorted_pair_ptr + rows, mask=row_ok, other=0)
     token = pair // TOP_K
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # F columns
     col_ok = cols < F
     w_base = w_ptr + expert.to(tl.int64) * stride_we
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, D, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < D
-        a = tl.load(
-            dy_ptr + token.to(tl.int64)[:, None] * stride_dyt + ks[None, :],
-            mask=row_ok[:, None] & k_ok[None, :], other=0.0,
-        )  # fmt: skip
-        b = tl.load(  # W_down[e]^T: element (d, f) of the (D, F) view
-            w_base + ks[:, None] * stride_wd + cols[None, :] * stride_wf,
-            mask=k_ok[:, None] & col_ok[None, :], other=0.0,
-        )  # fmt: skip
-        acc = _dot(a, b, acc, UPCAST, PRECISION)
+    acc = _rows_matmul(  # W_down[e]^T by strides: element (d, f) of the (D, F) view
+        dy_ptr, token, stride_dyt, row_ok, w_base, stride_wd, stride_wf, cols, col_ok, D,
+        UPCAST, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
     ok = row_ok[:, None] & col_ok[None, :]
     gu_ptrs = gu_ptr + rows.to(tl.int64)[:, None] * (2 * F) + cols[None, :]
     gate = tl.load(gu_ptrs, mask=ok, other=0.0).to(tl.float32)
