@@ -22,13 +22,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.metadata
 import json
 import os
-import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -36,6 +33,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from bench_env import (  # a sibling module (benchmarks/ is sys.path[0] when run as a script)
+    device_name,
+    git_commit,
+    version_of,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPES = {  # preset -> tokens, d_model, hidden, experts, top_k, dtype
@@ -232,24 +235,6 @@ def measure_pass(forward: Callable, inp: dict, device: torch.device) -> dict:
     for k in GRAD_NAMES:
         inp[k].grad = None
     return out | {"tensors": tensors}
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
-
-
-def version_of(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def git_commit() -> str | None:
-    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return out.stdout.strip() or None
 
 
 def short_error(exc: BaseException) -> str:

@@ -25,8 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from expert_mlp import device_name, git_commit  # noqa: E402  (a sibling script)
+from bench_env import (  # a sibling module (benchmarks/ is sys.path[0] when run as a script)
+    device_name,
+    git_commit,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 

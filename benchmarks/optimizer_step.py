@@ -20,12 +20,13 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from bench_env import git_commit  # a sibling module (benchmarks/ is sys.path[0] when run as a script)
 
 REPO = Path(__file__).resolve().parents[1]
 LR, WD, BETAS = 3e-4, 0.1, (0.9, 0.95)
@@ -57,11 +58,6 @@ def timed_step(opt: torch.optim.Optimizer) -> float:
     t0 = time.perf_counter()
     opt.step()
     return time.perf_counter() - t0
-
-
-def git_commit() -> str | None:
-    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return out.stdout.strip() or None
 
 
 def main(argv: list[str] | None = None) -> int:
