@@ -21,7 +21,7 @@ from torch import nn
 from zaya_pipeline.config import MoEConfig
 from zaya_pipeline.errors import ConfigError
 from zaya_pipeline.model.router import build_router
-from zaya_pipeline.ops import expert_mlp, resolve_backend
+from zaya_pipeline.ops import check_backend, expert_mlp
 
 
 @dataclass
@@ -94,7 +94,7 @@ class MoE(nn.Module):
             )
         if cfg.shared_expert_hidden < 0:
             raise ConfigError(f"model.moe.shared_expert_hidden must be >= 0, got {cfg.shared_expert_hidden}")
-        resolve_backend(cfg.expert_backend)  # fail at build time, not at the first forward
+        check_backend(cfg.expert_backend)  # fail at build time, not at the first forward
         self.num_experts = cfg.num_experts
         self.skip_expert = cfg.skip_expert
         self.capacity_factor = cfg.capacity_factor

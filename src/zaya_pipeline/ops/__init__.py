@@ -3,9 +3,9 @@
 from zaya_pipeline.ops.expert_mlp import (
     BACKENDS,
     available_backends,
+    check_backend,
     expert_mlp,
     pick_backend,
-    resolve_backend,
     sort_by_expert,
 )
 
@@ -14,6 +14,6 @@ __all__ = [
     "available_backends",
     "expert_mlp",
     "pick_backend",
-    "resolve_backend",
+    "check_backend",
     "sort_by_expert",
 ]

@@ -181,8 +181,8 @@ def pick_backend(
     return available_backends(device, dtype, dims)[0]
 
 
-def resolve_backend(backend: str) -> Callable[..., torch.Tensor]:
-    """Check a backend name (unknown names are a config error); returns ``expert_mlp`` bound to it."""
+def check_backend(backend: str) -> None:
+    """Raise a config error for an unknown backend name, or for ``triton`` without Triton installed."""
     if backend not in BACKENDS:
         raise ConfigError(
             f"model.moe.expert_backend: unknown backend {backend!r}; choose from {list(BACKENDS)}"
@@ -191,7 +191,6 @@ def resolve_backend(backend: str) -> Callable[..., torch.Tensor]:
         raise ConfigError(
             "model.moe.expert_backend=triton needs Triton: pip install -e '.[triton]' (or choose auto)"
         )
-    return lambda *args: expert_mlp(*args, backend=backend)
 
 
 def expert_mlp(
@@ -208,6 +207,6 @@ def expert_mlp(
     the last F; ``w_down_EFD`` is (E, F, D). Gradients flow to x, both weights and the routing weights.
     """
     if backend not in _IMPLEMENTATIONS:
-        resolve_backend(backend)  # raises for unknown names
+        check_backend(backend)  # raises for unknown names
         backend = pick_backend(x_TD.device, x_TD.dtype, (x_TD.shape[1], w_down_EFD.shape[1]))
     return _IMPLEMENTATIONS[backend](x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD)
