@@ -273,7 +273,8 @@ class TrainConfig:
 class ParallelConfig:
     name: str = "single"
     accelerator: str = "cpu"  # Lightning accelerator: "cpu", "gpu" (CUDA or ROCm), "auto"
-    devices: int = 1
+    devices: int = 1  # processes per node
+    num_nodes: int = 1  # nodes (torchrun / SLURM); world size = devices * num_nodes
     strategy: str = "auto"  # Lightning strategy name
     # Device mesh (distributed/mesh.py): world size = dp_replicate * dp_shard; expert-parallel ranks are
     # taken from the sharding dimension, so ep divides dp_shard and the number of experts.

@@ -87,6 +87,15 @@ def resolve_resume(resume: str, checkpoints: Path) -> Path | None:
     return path
 
 
+def world_size(parallel) -> int:
+    """Training processes: ``parallel.devices`` per node × ``parallel.num_nodes``."""
+    if parallel.devices < 1 or parallel.num_nodes < 1:
+        raise ConfigError(
+            f"parallel.devices and parallel.num_nodes must be >= 1, got {parallel.devices} and {parallel.num_nodes}"
+        )
+    return parallel.devices * parallel.num_nodes
+
+
 def flatten(d: dict, prefix: str = "") -> dict:
     out = {}
     for key, value in d.items():
@@ -163,6 +172,7 @@ def _trainer(cfg: ZayaConfig, logger, callbacks: list, root: Path):
     return L.Trainer(
         accelerator=cfg.parallel.accelerator,
         devices=cfg.parallel.devices,
+        num_nodes=cfg.parallel.num_nodes,
         strategy=_strategy(cfg),
         precision=t.precision,
         max_steps=t.max_steps,
@@ -213,7 +223,7 @@ def train(cfg: ZayaConfig) -> dict:
             f"{Path(paths.tokens) / 'meta.json'} lacks unigram_val_nats_per_token: run tokenize again"
         )
     model_cfg = resolve_model_config(cfg.model, meta)
-    world = cfg.parallel.devices if isinstance(cfg.parallel.devices, int) else 1
+    world = world_size(cfg.parallel)
     check_train_config(tcfg, model_cfg, world)
     ckpt_path = resolve_resume(tcfg.resume, Path(paths.checkpoints))
     if tcfg.checkpoint_every and ckpt_path is None and any(Path(paths.checkpoints).glob("step*.ckpt")):
