@@ -128,7 +128,7 @@ def _run_hydra(stage: str, argv: list[str]) -> None:
             _call(stage, cfg)
         except ZayaError as exc:
             print(f"error: {exc}", file=sys.stderr)
-            sys.exit(2)
+            sys.exit(exc.exit_code)
 
     sys.argv = [f"zaya {stage}", *argv]
     app()
@@ -145,7 +145,7 @@ def _params_command(argv: list[str]) -> None:
         log.info("wrote %s", write_params(args.out, args.overrides))
     except ZayaError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(exc.exit_code)
 
 
 def _generate_command(argv: list[str]) -> None:
@@ -156,7 +156,7 @@ def _generate_command(argv: list[str]) -> None:
             print(text)
     except ZayaError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(exc.exit_code)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
             _run_hydra(stage, overrides)
     except ZayaError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(exc.exit_code)
 
 
 if __name__ == "__main__":

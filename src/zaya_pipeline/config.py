@@ -260,8 +260,9 @@ class TrainConfig:
     precision: str = "32-true"  # Lightning precision ("32-true", "bf16-mixed", ...)
     num_threads: int = 0  # torch CPU threads; 0 = leave torch's default
     deterministic: bool = False  # torch deterministic algorithms (slower; bitwise-repeatable on one device)
-    checkpoint_every: int = 0  # steps between Lightning checkpoints in paths.checkpoints; 0 = none
-    resume: str = ""  # "" = fresh run; "auto" = latest checkpoint in paths.checkpoints; or a .ckpt path
+    checkpoint_every: int = 0  # steps between checkpoints (paths.checkpoints/step<N>, DCP); 0 = none
+    checkpoint_keep: int = 0  # keep the newest N checkpoints; 0 = all
+    resume: str = ""  # "" = fresh run; "auto" = latest checkpoint in paths.checkpoints; or a step<N> dir
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     batch_ramp: BatchRampConfig = field(default_factory=BatchRampConfig)

@@ -2,7 +2,9 @@
 
 
 class ZayaError(ValueError):
-    """A user-facing error: the CLI prints its message and exits non-zero, without a traceback."""
+    """A user-facing error: the CLI prints its message and exits with ``exit_code``, without a traceback."""
+
+    exit_code = 2
 
 
 class ConfigError(ZayaError):
@@ -15,3 +17,9 @@ class DataError(ZayaError):
 
 class TrainingError(ZayaError):
     """Training cannot go on (e.g. the loss stayed NaN/Inf or spiking for too many steps in a row)."""
+
+
+class Preempted(TrainingError):
+    """Training stopped on SIGTERM after saving a checkpoint; resume with ``train.resume=auto``."""
+
+    exit_code = 143  # 128 + SIGTERM, what schedulers expect of a terminated job

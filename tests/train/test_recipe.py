@@ -53,10 +53,9 @@ def test_wsd_decay_resumed_from_a_stable_checkpoint_equals_the_uninterrupted_run
     )
     a, b = tmp_path / "a", tmp_path / "b"
     train(debug_config(a, token_dir, *recipe, f"paths.checkpoints={a}/ckpt"))
-    assert sorted(p.name for p in (a / "ckpt").iterdir()) == [f"step{s:07d}.ckpt" for s in (4, 8, 12)]
+    assert sorted(p.name for p in (a / "ckpt").iterdir()) == [f"step{s:07d}" for s in (4, 8, 12)]
     # Step 4 is in the stable phase (decay starts at step 8): resume there in a fresh output folder.
-    (b / "ckpt").mkdir(parents=True)
-    shutil.copy(a / "ckpt" / "step0000004.ckpt", b / "ckpt")
+    shutil.copytree(a / "ckpt" / "step0000004", b / "ckpt" / "step0000004")
     summary = train(debug_config(b, token_dir, *recipe, f"paths.checkpoints={b}/ckpt", "train.resume=auto"))
     wa, wb = weights(a), weights(b)
     assert wa.keys() == wb.keys()
@@ -71,12 +70,18 @@ def test_wsd_decay_resumed_from_a_stable_checkpoint_equals_the_uninterrupted_run
 def test_a_fresh_run_refuses_old_checkpoints_and_a_missing_resume_path(tmp_path, token_dir):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    (ckpt / "step0000004.ckpt").write_bytes(b"")
+    old = ckpt / "step0000004"
+    old.mkdir()
+    (old / ".metadata").write_bytes(b"")
+    (old / "trainer.pt").write_bytes(b"")
+    (ckpt / ".step0000006.partial").mkdir()  # a save that never finished is not a checkpoint
     cfg = (f"paths.checkpoints={ckpt}", "train.checkpoint_every=2", "train.max_steps=4")
     with pytest.raises(ConfigError, match="train.resume=auto"):
         train(debug_config(tmp_path, token_dir, *cfg))
-    with pytest.raises(ConfigError, match="train.resume: checkpoint .*nowhere.ckpt does not exist"):
-        train(debug_config(tmp_path, token_dir, *cfg, f"train.resume={tmp_path}/nowhere.ckpt"))
+    with pytest.raises(ConfigError, match="train.resume: checkpoint .*nowhere does not exist"):
+        train(debug_config(tmp_path, token_dir, *cfg, f"train.resume={tmp_path}/nowhere"))
+    with pytest.raises(ConfigError, match="partial is not a complete checkpoint directory"):
+        train(debug_config(tmp_path, token_dir, *cfg, f"train.resume={ckpt}/.step0000006.partial"))
 
 
 def test_micro_batches_accumulate_to_the_same_step_as_one_big_batch(tmp_path, token_dir):
@@ -133,8 +138,7 @@ def test_phase_switch_happens_at_the_configured_step_and_survives_resume(tmp_pat
     web = metric_history(tmp_path / "a", summary["run_id"], "data/frac/web")
     assert all(web[s] == 1.0 for s in range(1, 6)) and sum(web[s] for s in range(6, 11)) < 5.0
     # Resume inside phase 0 (step 3): the switch still comes at step 6 and the weights match.
-    (tmp_path / "b" / "ckpt").mkdir(parents=True)
-    shutil.copy(tmp_path / "a" / "ckpt" / "step0000003.ckpt", tmp_path / "b" / "ckpt")
+    shutil.copytree(tmp_path / "a" / "ckpt" / "step0000003", tmp_path / "b" / "ckpt" / "step0000003")
     b = _phase_cfg(tmp_path / "b", token_dir, two_sources, *ckpt, f"paths.checkpoints={tmp_path}/b/ckpt")
     b.train.resume = "auto"
     resumed = train(b)

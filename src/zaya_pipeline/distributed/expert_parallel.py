@@ -117,3 +117,4 @@ def apply_expert_parallel(model: torch.nn.Module, group: dist.ProcessGroup) -> N
             local = torch.nn.Parameter(getattr(module.experts, name).detach()[keep].clone())
             setattr(module.experts, name, local)
         module.experts.dispatch = _ExpertParallelDispatch(group)
+        module.experts.first_expert = keep.start

@@ -69,9 +69,10 @@ class RoutedExperts(nn.Module):
         self.w_gate_up_EDF2 = nn.Parameter(torch.empty(num_experts, d_model, 2 * hidden))
         self.w_down_EFD = nn.Parameter(torch.empty(num_experts, hidden, d_model))
         self.backend = backend
-        # Set from outside by distributed.expert_parallel (this module then holds only its rank's experts);
-        # None = all experts are local.
+        # Set from outside by distributed.expert_parallel (this module then holds only its rank's experts,
+        # global ids first_expert, first_expert + 1, ...); None = all experts are local.
         self.dispatch = None
+        self.first_expert = 0
 
     def weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.w_gate_up_EDF2, self.w_down_EFD

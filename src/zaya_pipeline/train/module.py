@@ -17,8 +17,11 @@ import torch.nn.functional as F
 
 from zaya_pipeline.config import ModelConfig, ParallelConfig, TrainConfig
 from zaya_pipeline.model.transformer import LMOutput, ZayaLM
-from zaya_pipeline.train.optim import build_optimizer, build_scheduler
+from zaya_pipeline.train.optim import build_optimizer, build_scheduler, full_batch
 from zaya_pipeline.train.stability import SpikeGuard
+from zaya_pipeline.utils import get_logger
+
+log = get_logger("train")
 
 
 def lm_loss(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
@@ -127,10 +130,21 @@ class ZayaLitModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["zaya"] = {"batches_consumed": self.batches_consumed, "guard": self.guard.state_dict()}
+        checkpoint["zaya"] = {
+            "batches_consumed": self.batches_consumed,
+            "guard": self.guard.state_dict(),
+            "global_batch": full_batch(self.train_cfg, self.world_size),
+        }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint.get("zaya", {})
         self.batches_consumed = state.get("batches_consumed", 0)
         if "guard" in state:
             self.guard.load_state_dict(state["guard"])
+        saved, now = state.get("global_batch"), full_batch(self.train_cfg, self.world_size)
+        if saved is not None and saved != now and self.trainer.is_global_zero:
+            log.warning(
+                "resuming a run of %d sequences per step with %d (train.global_batch): the data order and "
+                "the LR schedule differ from the uninterrupted run from here on",
+                *(saved, now),
+            )

@@ -8,7 +8,8 @@ Outputs:
     <paths.reports>/plots/val.csv          step, val_loss
     <paths.reports>/plots/expert_load.csv  step, layer, expert, fraction
     <paths.reports>/plots/schedule.csv     step, lr_multiplier, tokens_per_step (the planned schedule)
-    <paths.checkpoints>/step<N>.ckpt       every train.checkpoint_every steps; resume with train.resume=auto
+    <paths.checkpoints>/step<N>/           every train.checkpoint_every steps and on SIGTERM (distributed/
+                                           checkpoint.py); resume with train.resume=auto
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ import torch
 
 from zaya_pipeline.config import ModelConfig, TrainConfig, ZayaConfig, as_dict
 from zaya_pipeline.data.loader import read_token_meta
-from zaya_pipeline.errors import ConfigError, DataError
+from zaya_pipeline.distributed.checkpoint import (
+    TRAINER_FILE,
+    is_complete,
+    latest_checkpoint,
+    list_checkpoints,
+)
+from zaya_pipeline.errors import ConfigError, DataError, Preempted
 from zaya_pipeline.model.checkpoint import save_model
 from zaya_pipeline.model.params import num_active_params, num_params
 from zaya_pipeline.train.optim import check_batch, check_schedule, planned_schedule
@@ -67,23 +74,20 @@ def check_train_config(train: TrainConfig, model: ModelConfig, world_size: int =
     check_schedule(train.schedule, train.max_steps)
 
 
-def checkpoint_step(path: Path) -> int:
-    """The step of a ``step<N>.ckpt`` file (-1 for other names)."""
-    digits = path.stem.removeprefix("step")
-    return int(digits) if digits.isdigit() else -1
-
-
 def resolve_resume(resume: str, checkpoints: Path) -> Path | None:
-    """``train.resume``: "" = start fresh, "auto" = the latest checkpoint in ``checkpoints`` (fresh when there
-    is none), else a checkpoint file that must exist."""
+    """``train.resume``: "" = start fresh, "auto" = the latest complete checkpoint in ``checkpoints`` (fresh
+    when there is none), else a checkpoint directory that must be complete."""
     if not resume:
         return None
     if resume == "auto":
-        found = sorted(checkpoints.glob("step*.ckpt"), key=checkpoint_step)
-        return found[-1] if found else None
+        return latest_checkpoint(checkpoints)
     path = Path(resume)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"train.resume: checkpoint {path} does not exist")
+    if not is_complete(path):
+        raise ConfigError(
+            f"train.resume: {path} is not a complete checkpoint directory (.metadata and {TRAINER_FILE})"
+        )
     return path
 
 
@@ -91,7 +95,8 @@ def world_size(parallel) -> int:
     """Training processes: ``parallel.devices`` per node × ``parallel.num_nodes``."""
     if parallel.devices < 1 or parallel.num_nodes < 1:
         raise ConfigError(
-            f"parallel.devices and parallel.num_nodes must be >= 1, got {parallel.devices} and {parallel.num_nodes}"
+            "parallel.devices and parallel.num_nodes must be >= 1, "
+            f"got {parallel.devices} and {parallel.num_nodes}"
         )
     return parallel.devices * parallel.num_nodes
 
@@ -157,18 +162,8 @@ def plot_schedule(rows: list[tuple[int, float, int]], path: Path) -> None:
 
 def _trainer(cfg: ZayaConfig, logger, callbacks: list, root: Path):
     import lightning as L
-    from lightning.pytorch.callbacks import ModelCheckpoint
 
     t = cfg.train
-    if t.checkpoint_every:
-        every = ModelCheckpoint(
-            dirpath=cfg.paths.checkpoints,
-            filename="step{step:07d}",
-            auto_insert_metric_name=False,
-            every_n_train_steps=t.checkpoint_every,
-            save_top_k=-1,
-        )
-        callbacks = [*callbacks, every]
     return L.Trainer(
         accelerator=cfg.parallel.accelerator,
         devices=cfg.parallel.devices,
@@ -184,20 +179,31 @@ def _trainer(cfg: ZayaConfig, logger, callbacks: list, root: Path):
         log_every_n_steps=t.log_every,
         logger=logger,
         callbacks=callbacks,
-        enable_checkpointing=bool(t.checkpoint_every),  # model.pt is written by save_model
+        enable_checkpointing=False,  # train/checkpointing.py saves; model.pt is written by save_model
         enable_progress_bar=False,  # TrainTelemetry prints plain lines instead (CI logs)
         enable_model_summary=False,
         default_root_dir=str(root),
     )
 
 
-def _strategy(cfg: ZayaConfig):
-    """A Lightning strategy name, or ours for ``parallel.strategy=fsdp2`` (FSDP2 x EP on our mesh)."""
-    if cfg.parallel.strategy != "fsdp2":
-        return cfg.parallel.strategy
-    from zaya_pipeline.distributed.strategy import ZayaParallelStrategy
+OUR_STRATEGIES = ("auto", "single_device", "fsdp2")  # the ones that checkpoint (distributed/strategy.py)
 
-    return ZayaParallelStrategy(cfg.parallel, cfg.model.moe.num_experts)
+
+def _strategy(cfg: ZayaConfig):
+    """Ours for ``parallel.strategy=fsdp2`` (FSDP2 x EP on our mesh) and for one process; any other Lightning
+    strategy name is passed through (without checkpoints)."""
+    from zaya_pipeline.distributed.strategy import (
+        ZayaParallelStrategy,
+        ZayaSingleDeviceStrategy,
+        single_device,
+    )
+
+    p = cfg.parallel
+    if p.strategy == "fsdp2":
+        return ZayaParallelStrategy(p, cfg.model.moe.num_experts)
+    if p.strategy in OUR_STRATEGIES and world_size(p) == 1:
+        return ZayaSingleDeviceStrategy(device=single_device(p.accelerator))
+    return p.strategy
 
 
 def train(cfg: ZayaConfig) -> dict:
@@ -209,6 +215,7 @@ def train(cfg: ZayaConfig) -> dict:
 
     from zaya_pipeline.registry.tracking import setup_mlflow, tracking_uri
     from zaya_pipeline.train.callbacks import TrainTelemetry
+    from zaya_pipeline.train.checkpointing import Checkpointing
     from zaya_pipeline.train.data import TokenDataModule, source_dirs
     from zaya_pipeline.train.module import ZayaLitModule
 
@@ -226,7 +233,15 @@ def train(cfg: ZayaConfig) -> dict:
     world = world_size(cfg.parallel)
     check_train_config(tcfg, model_cfg, world)
     ckpt_path = resolve_resume(tcfg.resume, Path(paths.checkpoints))
-    if tcfg.checkpoint_every and ckpt_path is None and any(Path(paths.checkpoints).glob("step*.ckpt")):
+    checkpoints = tcfg.checkpoint_every > 0 or ckpt_path is not None
+    if checkpoints and not (
+        cfg.parallel.strategy == "fsdp2" or world == 1 and cfg.parallel.strategy in OUR_STRATEGIES
+    ):
+        raise ConfigError(
+            f"train.checkpoint_every / train.resume need parallel.strategy=fsdp2 for {world} processes "
+            f"(or one process), got parallel.strategy={cfg.parallel.strategy}"
+        )
+    if tcfg.checkpoint_every and ckpt_path is None and list_checkpoints(Path(paths.checkpoints)):
         raise ConfigError(
             f"{paths.checkpoints} holds checkpoints of an earlier run: continue it with train.resume=auto, "
             f"or move them away to start fresh"
@@ -237,10 +252,6 @@ def train(cfg: ZayaConfig) -> dict:
     L.seed_everything(tcfg.seed, workers=True, verbose=False)
     data = TokenDataModule(paths.tokens, tcfg, model_cfg.vocab_size, world)
     fsdp2 = cfg.parallel.strategy == "fsdp2"
-    if fsdp2 and tcfg.checkpoint_every:
-        raise ConfigError(
-            "train.checkpoint_every with parallel.strategy=fsdp2: distributed checkpoints are not built yet"
-        )
     module = ZayaLitModule(model_cfg, tcfg, world, cfg.parallel if fsdp2 else None)
     sizes = param_counts(model_cfg)
     log.info(
@@ -265,7 +276,8 @@ def train(cfg: ZayaConfig) -> dict:
     with atomic_dir(paths.train) as out:
         sources = tuple(source_dirs(tcfg, paths.tokens))
         telemetry = TrainTelemetry(tcfg.log_every, tcfg.max_steps, cfg.model.moe.skip_expert, sources)
-        trainer = _trainer(cfg, logger, [telemetry], out)
+        saver = Checkpointing(paths.checkpoints, tcfg.checkpoint_every, tcfg.checkpoint_keep)
+        trainer = _trainer(cfg, logger, [telemetry, saver], out)
         if ckpt_path is not None:
             log.info("resuming from %s", ckpt_path)
         with warnings.catch_warnings():
@@ -273,11 +285,12 @@ def train(cfg: ZayaConfig) -> dict:
             warnings.filterwarnings("ignore", message=".*does not have many workers.*")
             # Lightning 2.6 calls a torch pytree API that torch 2.13 deprecates; nothing for us to change.
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
-            # Checkpoints hold the state after the step; a resumed run writes beside the old ones.
-            warnings.filterwarnings("ignore", message=".*ModelCheckpoint with manual optimization.*")
-            warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")
-            warnings.filterwarnings("ignore", message=".*The dirpath has changed from.*")
             trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+            if saver.preempted_at is not None:
+                raise Preempted(
+                    f"SIGTERM: stopped at step {saver.preempted_at} with a checkpoint in "
+                    f"{paths.checkpoints}; run the same command with train.resume=auto to continue"
+                )
             if telemetry.last_val_step != trainer.global_step:
                 trainer.validate(module, datamodule=data, verbose=False)
         fit_s = time.perf_counter() - t_start
