@@ -210,7 +210,8 @@ def save_checkpoint(
     path = Path(path)
     partial = path.with_name(f".{path.name}.partial")
     if _rank() == 0:
-        shutil.rmtree(partial, ignore_errors=True)
+        for stale in path.parent.glob(".step*.partial"):  # saves a crash interrupted
+            shutil.rmtree(stale, ignore_errors=True)
         partial.mkdir(parents=True)
     _barrier()
     flat, _, _ = _tensors(model, optimizers)
