@@ -1,5 +1,6 @@
-"""Training telemetry: interval-averaged loss, LR, throughput and per-expert load, sent to the Lightning
-logger (MLflow), kept as rows for the DVC plots files, and printed as one progress line per interval.
+"""Training telemetry: interval-averaged loss, LR, throughput (tokens/s, MFU) and per-expert load, sent to
+the Lightning logger (MLflow), kept as rows for the DVC plots files, and printed as one progress line per
+interval.
 
 Shape legend:
     L  layers    E  experts
@@ -14,6 +15,7 @@ import time
 import lightning as L
 import torch
 
+from zaya_pipeline.train.throughput import Peak, device_name, mfu, resolve_peak
 from zaya_pipeline.utils import get_logger
 
 log = get_logger("train")
@@ -31,6 +33,12 @@ class TrainTelemetry(L.Callback):
     (step, layer, expert, fraction). Time spent in validation is not counted as training time. With a skip
     expert, the last router choice is logged as ``load/l<i>/skip`` and left out of ``max_over_mean``.
     Tokens are counted per batch (the batch ramp changes them); skipped updates still count as tokens seen.
+
+    MFU (``train/mfu``, ``train/tflops_per_device``) is logged when ``flops_per_token`` (training FLOPs per
+    token: 3 x ``model.params.forward_flops_per_token``) is given and a peak is known: ``peak_flops`` (FLOP/s
+    of one device), else what ``train.throughput.resolve_peak`` finds at train start for the device,
+    ``precision`` and ``param_dtype`` (FSDP2's compute dtype; "float32" without FSDP2): a datasheet figure,
+    ``$ZAYA_PEAK_TFLOPS`` or, on CPU, a measured one.
     """
 
     def __init__(
@@ -39,7 +47,16 @@ class TrainTelemetry(L.Callback):
         max_steps: int,
         skip_expert: bool = False,
         source_names: tuple[str, ...] = ("main",),
+        flops_per_token: int = 0,
+        precision: str = "32-true",
+        param_dtype: str = "float32",
+        peak_flops: float = 0.0,
     ):
+        self.flops_per_token = flops_per_token  # 0: no MFU
+        self.precision = precision  # Lightning precision and FSDP2's param_dtype pick the peak's dtype
+        self.param_dtype = param_dtype
+        self.peak = Peak(peak_flops, "given") if peak_flops > 0 else None
+        self.mfu_rows: list[tuple[int, float, float]] = []  # step, mfu, tflops_per_device
         self.skip_expert = skip_expert
         self.source_names = source_names
         self.log_every = max(1, log_every)
@@ -75,7 +92,48 @@ class TrainTelemetry(L.Callback):
     def last_train_loss(self) -> float:
         return self.train_rows[-1][1] if self.train_rows else float("nan")
 
+    def throughput_summary(self) -> dict:
+        """Medians over the logged intervals for reports/train.json: ``mfu``, ``tflops_per_device`` and the
+        ``peak_tflops_per_device`` they are measured against; {} when MFU is not reported."""
+        if not self.mfu_rows or self.peak is None:
+            return {}
+        return {
+            "mfu": statistics.median(r[1] for r in self.mfu_rows),
+            "tflops_per_device": statistics.median(r[2] for r in self.mfu_rows),
+            "peak_tflops_per_device": self.peak.flops / 1e12,
+        }
+
+    def _resolve_peak(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        device = pl_module.device
+        if device.type == "cpu":
+            # Every rank measures at once, so each sees its share of the cores, as during training.
+            trainer.strategy.barrier()
+        name = device_name(device)
+        peak = resolve_peak(device.type, name, self.precision, self.param_dtype, trainer.is_global_zero)
+        if peak is not None and device.type == "cpu" and trainer.world_size > 1:
+            flops = float(trainer.strategy.reduce(torch.tensor(peak.flops), reduce_op="mean"))
+            source = f"mean {flops / 1e12:.3g} TFLOP/s of {trainer.world_size} processes measured at once"
+            peak = Peak(flops, f"CPU peak {source} (rank 0: {peak.source})")
+        self.peak = peak
+        if peak is not None:
+            if trainer.is_global_zero:
+                log.info("MFU against %s per device", peak.source)
+            if trainer.logger is not None:
+                trainer.logger.log_metrics(
+                    {"train/peak_tflops_per_device": peak.flops / 1e12}, step=trainer.global_step
+                )
+
+    def _mfu_metrics(self, step: int, tokens_per_s_per_device: float) -> dict:
+        if self.flops_per_token <= 0 or self.peak is None:
+            return {}
+        utilisation = mfu(tokens_per_s_per_device, self.flops_per_token, self.peak.flops)
+        tflops = tokens_per_s_per_device * self.flops_per_token / 1e12
+        self.mfu_rows.append((step, utilisation, tflops))
+        return {"train/mfu": utilisation, "train/tflops_per_device": tflops}
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.flops_per_token > 0 and self.peak is None:
+            self._resolve_peak(trainer, pl_module)
         self._t_last = time.perf_counter()
         self._step_last = self._start_step = trainer.global_step  # > 0 when resumed
         self._paused = 0.0
@@ -152,6 +210,8 @@ class TrainTelemetry(L.Callback):
             metrics[f"load/l{layer}/max_over_mean"] = (
                 max(experts_E) * num_experts / max(sum(experts_E), 1e-12)
             )
+        metrics.update(self._mfu_metrics(step, tokens_per_s / trainer.world_size))  # tok/s: all ranks
+        progress_mfu = f"  MFU {100 * metrics['train/mfu']:.1f}%" if "train/mfu" in metrics else ""
         if trainer.logger is not None:
             trainer.logger.log_metrics(metrics, step=step)
         self.train_rows.append((step, loss, lr, tokens_per_s))
@@ -160,8 +220,8 @@ class TrainTelemetry(L.Callback):
         worst = max(metrics[f"load/l{i}/max_over_mean"] for i in range(frac_LE.shape[0]))
         info = log.info if trainer.is_global_zero else log.debug  # one progress line per step, not per rank
         info(
-            "step %d/%d  loss %.4f  aux %.4f  lr %.2e  %.0f tok/s  max load/mean %.2f  skipped %d  ETA %s",
-            *(step, self.max_steps, loss, metrics["train/aux_loss"], lr, tokens_per_s, worst),
+            "step %d/%d  loss %.4f  aux %.4f  lr %.2e  %.0f tok/s%s  max load/mean %.2f  skipped %d  ETA %s",
+            *(step, self.max_steps, loss, metrics["train/aux_loss"], lr, tokens_per_s, progress_mfu, worst),
             *(self.skipped_steps, _fmt_duration(eta)),
         )
         # The next interval starts after this bookkeeping: tokens/s measures the training loop itself.

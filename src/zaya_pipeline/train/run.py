@@ -35,7 +35,7 @@ from zaya_pipeline.distributed.checkpoint import (
 )
 from zaya_pipeline.errors import ConfigError, DataError, Preempted
 from zaya_pipeline.model.checkpoint import save_model
-from zaya_pipeline.model.params import num_active_params, num_params
+from zaya_pipeline.model.params import forward_flops_per_token, num_active_params, num_params
 from zaya_pipeline.train.optim import check_batch, check_schedule, planned_schedule
 from zaya_pipeline.utils import (
     atomic_dir,
@@ -99,6 +99,31 @@ def world_size(parallel) -> int:
             f"got {parallel.devices} and {parallel.num_nodes}"
         )
     return parallel.devices * parallel.num_nodes
+
+
+def launch_rank(parallel) -> int:
+    """This process's global rank as its launcher set it, before any process group exists: torchrun
+    (RANK), srun (SLURM_PROCID), or Lightning's relaunch of this command (NODE_RANK, LOCAL_RANK); 0 for the
+    process a person started. Only rank 0 touches MLflow and the stage's output folders."""
+    env = os.environ
+    if "RANK" in env:
+        return int(env["RANK"])
+    if int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1 and "SLURM_PROCID" in env:
+        return int(env["SLURM_PROCID"])
+    return int(env.get("NODE_RANK", 0)) * parallel.devices + int(env.get("LOCAL_RANK", 0))
+
+
+def check_launcher_world(parallel) -> None:
+    """torchrun / srun start the processes themselves: their count must be the configured world size."""
+    world, env = world_size(parallel), os.environ
+    for launcher, key in (("torchrun", "TORCHELASTIC_RUN_ID"), ("srun", "SLURM_STEP_NUM_TASKS")):
+        count_key = "WORLD_SIZE" if launcher == "torchrun" else "SLURM_STEP_NUM_TASKS"
+        if key in env and count_key in env and int(env[count_key]) > 1 and int(env[count_key]) != world:
+            raise ConfigError(
+                f"{launcher} started {env[count_key]} processes ({count_key}), but parallel.devices × "
+                f"parallel.num_nodes = {parallel.devices} × {parallel.num_nodes} = {world}: set them to the "
+                "processes per node and the number of nodes"
+            )
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -223,7 +248,10 @@ def train(cfg: ZayaConfig) -> dict:
     tcfg, paths = cfg.train, cfg.paths
     reports = Path(paths.reports)
     plots = {name: reports / "plots" / f"{name}.csv" for name in ("train", "val", "expert_load", "schedule")}
-    remove_outputs(paths.train, reports / "train.json", *plots.values())
+    lead = launch_rank(cfg.parallel) == 0
+    check_launcher_world(cfg.parallel)
+    if lead:
+        remove_outputs(paths.train, reports / "train.json", *plots.values())
     meta = read_token_meta(paths.tokens)
     if "unigram_val_nats_per_token" not in meta:
         raise DataError(
@@ -260,22 +288,35 @@ def train(cfg: ZayaConfig) -> dict:
         *(tcfg.max_steps, tcfg.micro_batch, tcfg.seq_len),
     )
 
-    experiment_id = setup_mlflow(cfg.registry)
     uri = tracking_uri(cfg.registry)
-    logger = MLFlowLogger(
-        experiment_name=cfg.registry.experiment_name,
-        run_name=cfg.registry.run_name or None,
-        tracking_uri=uri,
-        log_model=False,
-    )
+    if lead:  # one writer: ranks opening a fresh SQLite store at once collide
+        experiment_id = setup_mlflow(cfg.registry)
+        logger = MLFlowLogger(
+            experiment_name=cfg.registry.experiment_name,
+            run_name=cfg.registry.run_name or None,
+            tracking_uri=uri,
+            log_model=False,
+        )
+    else:
+        from lightning.pytorch.loggers.logger import DummyLogger
+
+        experiment_id, logger = "", DummyLogger()
     params = flatten(as_dict(cfg))
     params["model.vocab_size"] = model_cfg.vocab_size  # the resolved value, not the 0 placeholder
     logger.log_hyperparams({**params, **{f"model.{k}": v for k, v in sizes.items()}, **group_params(module)})
     schedule_rows = planned_schedule(tcfg, world)
 
-    with atomic_dir(paths.train) as out:
+    # Rank 0 builds paths.train; the other ranks write (nothing that survives) into a scratch folder.
+    outputs = atomic_dir(paths.train) if lead else tempfile.TemporaryDirectory(prefix="zaya-train-rank")
+    with outputs as out:
+        out = Path(out)
         sources = tuple(source_dirs(tcfg, paths.tokens))
-        telemetry = TrainTelemetry(tcfg.log_every, tcfg.max_steps, cfg.model.moe.skip_expert, sources)
+        telemetry = TrainTelemetry(
+            *(tcfg.log_every, tcfg.max_steps, cfg.model.moe.skip_expert, sources),
+            flops_per_token=3 * forward_flops_per_token(model_cfg, tcfg.seq_len),  # active params + attention
+            precision=tcfg.precision,
+            param_dtype=cfg.parallel.param_dtype if fsdp2 else "float32",
+        )
         saver = Checkpointing(paths.checkpoints, tcfg.checkpoint_every, tcfg.checkpoint_keep)
         trainer = _trainer(cfg, logger, [telemetry, saver], out)
         if ckpt_path is not None:
@@ -318,6 +359,7 @@ def train(cfg: ZayaConfig) -> dict:
         "tokens_per_s": telemetry.tokens_per_s_median,
         "train_s": telemetry.train_seconds,
         "wall_s": time.perf_counter() - t_start,
+        **telemetry.throughput_summary(),  # mfu, tflops_per_device (medians), when the peak is known
         **sizes,
     }
     if trainer.is_global_zero:
@@ -335,5 +377,5 @@ def train(cfg: ZayaConfig) -> dict:
         "tokens_per_s": round(metrics["tokens_per_s"]),
         "wall_s": round(metrics["wall_s"], 1),
         "model": str(Path(paths.train) / "model.pt"),
-        "run_id": logger.run_id,
+        "run_id": logger.run_id if lead else "",
     }
