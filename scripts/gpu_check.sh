@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The one GPU check, for a CUDA or ROCm machine (under 8 minutes: the two timeouts total 400 s):
+# The one GPU check, for a CUDA or ROCm machine (under 9 minutes: the three timeouts total 500 s):
 #   1. prints the accelerator (nvidia-smi / rocm-smi) and the python, torch and triton versions;
 #   2. creates .venv with `make setup` if it is missing;
 #   3. runs the GPU tests: pytest -m gpu tests/ops (timeout 200 s, one kernel config: ZAYA_TRITON_AUTOTUNE=0);
 #   4. benchmarks the expert MLP at the zaya1 shape on cuda, autotuned (timeout 200 s), writing
-#      ${OUT:-benchmarks/results}/expert_mlp_gpu.json.
+#      ${OUT:-benchmarks/results}/expert_mlp_gpu.json;
+#   5. training throughput and MFU of model=small on one device, bf16 autocast (timeout 150 s):
+#      ${OUT:-benchmarks/results}/train_mfu_gpu.json (issue target: MFU >= 40% on an H200).
 # A failed step is reported and the later steps still run; the exit status is nonzero if any step failed.
 # Run from anywhere:  scripts/gpu_check.sh      (OUT=/some/dir scripts/gpu_check.sh to put the JSON there)
-# Timeouts can be changed with PYTEST_TIMEOUT=... BENCH_TIMEOUT=... (seconds).
+# Timeouts can be changed with PYTEST_TIMEOUT=... BENCH_TIMEOUT=... MFU_TIMEOUT=... (seconds).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -65,8 +67,13 @@ gpu_tests() {
 }
 
 benchmark() {
-  timeout "${BENCH_TIMEOUT:-200}" "$PY" benchmarks/expert_mlp.py --device cuda --shape zaya1 \
+  timeout "${BENCH_TIMEOUT:-150}" "$PY" benchmarks/expert_mlp.py --device cuda --shape zaya1 \
     --out "${OUT_DIR}/expert_mlp_gpu.json"
+}
+
+train_mfu() {
+  timeout "${MFU_TIMEOUT:-150}" "$PY" benchmarks/train_mfu.py --device cuda --model small --batch 8 \
+    --seq-len 2048 --out "${OUT_DIR}/train_mfu_gpu.json"
 }
 
 step accelerator accelerator
@@ -77,9 +84,10 @@ if [[ -x "$PY" ]]; then
   step versions versions
   step gpu-tests gpu_tests
   step benchmark benchmark
+  step train-mfu train_mfu
 else
   echo "=== no ${PY}: skipping versions, gpu-tests and benchmark"
-  failed+=(versions gpu-tests benchmark)
+  failed+=(versions gpu-tests benchmark train-mfu)
 fi
 
 if ((${#failed[@]})); then

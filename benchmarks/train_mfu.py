@@ -1,0 +1,126 @@
+"""Training throughput and MFU of one device: a ``model=<preset>`` ZayaLM trained with fused AdamW on random
+tokens (the data pipeline is not what this measures), in bf16 autocast on a GPU or fp32 on a CPU.
+
+MFU counts training FLOPs as 3 × ``model.params.forward_flops_per_token`` (active parameters plus attention,
+the PaLM convention) against ``train.throughput.resolve_peak`` (the datasheet table for MI300X / H100 /
+H200, ``$ZAYA_PEAK_TFLOPS``, or a measured CPU peak)::
+
+    python benchmarks/train_mfu.py --device cuda --model small --batch 8 --seq-len 2048 \
+        --out benchmarks/results/train_mfu_gpu.json
+    python benchmarks/train_mfu.py --device cpu --model tiny --batch 16 --seq-len 256   # a smoke run
+
+Warm-up steps (compilation, autotuning, allocator growth) are not timed; the figure is the median step time
+over ``--steps`` steps, with a device sync per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bench_env import device_name, git_commit  # a sibling module (benchmarks/ is sys.path[0] as a script)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--model", default="small", help="a conf/model preset")
+    p.add_argument("--vocab", type=int, default=32_768, help="vocabulary (the presets take the tokenizer's)")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--backend", default="auto", help="model.moe.expert_backend")
+    p.add_argument("--out", default="")
+    args = p.parse_args()
+
+    from zaya_pipeline.config import load_config
+    from zaya_pipeline.model.params import forward_flops_per_token, num_active_params
+    from zaya_pipeline.model.transformer import ZayaLM
+    from zaya_pipeline.train.throughput import mfu, resolve_peak
+
+    device = torch.device(args.device)
+    overrides = [
+        f"model={args.model}",
+        f"model.vocab_size={args.vocab}",
+        f"model.moe.expert_backend={args.backend}",
+    ]
+    cfg = load_config([*overrides, f"model.max_seq_len={max(args.seq_len, 1)}"]).model
+    torch.manual_seed(0)
+    model = ZayaLM(cfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    bf16 = device.type == "cuda"
+    precision = "bf16-mixed" if bf16 else "32-true"
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq_len + 1), device=device)
+
+    def step() -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            out = model(ids[:, :-1])
+            loss = F.cross_entropy(out.logits.flatten(0, 1).float(), ids[:, 1:].flatten()) + out.aux_loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        model.update_router_biases(lambda t: t)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for _ in range(args.warmup):
+        step()
+    sync()
+    times = []
+    for i in range(args.steps):
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t0)
+        print(f"step {i + 1}/{args.steps}: {times[-1] * 1e3:.1f} ms", flush=True)
+    median = statistics.median(times)
+    tokens = args.batch * args.seq_len
+    flops_per_token = 3 * forward_flops_per_token(cfg, args.seq_len)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    peak = resolve_peak(device.type, name, precision)
+    report = {
+        "benchmark": "train_mfu",
+        "date": dt.date.today().isoformat(),
+        "commit": git_commit(),
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "device": device_name(device),
+        "hip": torch.version.hip,
+        "model": args.model,
+        "params_active": num_active_params(cfg),
+        "precision": precision,
+        "tokens_per_step": tokens,
+        "step_ms_median": median * 1e3,
+        "step_ms": [t * 1e3 for t in times],
+        "tokens_per_s": tokens / median,
+        "train_flops_per_token": flops_per_token,
+        "tflops": tokens / median * flops_per_token / 1e12,
+        "peak_tflops": peak.flops / 1e12 if peak else None,
+        "peak_source": peak.source if peak else None,
+        "mfu": mfu(tokens / median, flops_per_token, peak.flops) if peak else None,
+        "max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+    }
+    mfu_text = f"MFU {100 * report['mfu']:.1f}% of {report['peak_tflops']:.1f} TFLOP/s" if peak else "no peak"
+    print(f"{args.model}: {report['tokens_per_s']:.0f} tokens/s, {report['tflops']:.2f} TFLOP/s, {mfu_text}")
+    if args.out:
+        out = REPO / args.out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
