@@ -39,6 +39,10 @@ STAGES: dict[str, Stage] = {
     "register": Stage("zaya_pipeline.registry.register:register", "log and register the model in MLflow"),
     "summary": Stage("zaya_pipeline.summary:summary", "print where the metrics, plots and model are"),
     "model-info": Stage("zaya_pipeline.model.params:model_info", "parameter counts and FLOPs/token as JSON"),
+    "plan": Stage(
+        "zaya_pipeline.distributed.plan:plan",
+        "per-device memory and communication plan for a model x parallel layout",
+    ),
 }
 PARAMS_HELP = "compose conf/ (+ overrides) into params.yaml, as `dvc exp run` does"
 
