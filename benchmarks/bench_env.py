@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -13,7 +14,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def git_commit() -> str | None:
-    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    """HEAD of the checkout, or ``$ZAYA_GIT_COMMIT`` for a tree copied without git (a lent GPU box)."""
+    if os.environ.get("ZAYA_GIT_COMMIT"):
+        return os.environ["ZAYA_GIT_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    except FileNotFoundError:  # no git on the machine
+        return None
     return out.stdout.strip() or None
 
 

@@ -42,6 +42,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--backend", default="auto", help="model.moe.expert_backend")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (not the optimizer)")
+    p.add_argument("--profile", default="", help="also profile one step; write its top kernels here")
     p.add_argument("--out", default="")
     args = p.parse_args()
 
@@ -60,13 +62,14 @@ def main() -> None:
     torch.manual_seed(0)
     model = ZayaLM(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    forward = torch.compile(model) if args.compile else model
     bf16 = device.type == "cuda"
     precision = "bf16-mixed" if bf16 else "32-true"
     ids = torch.randint(0, args.vocab, (args.batch, args.seq_len + 1), device=device)
 
     def step() -> None:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            out = model(ids[:, :-1])
+            out = forward(ids[:, :-1])
             loss = F.cross_entropy(out.logits.flatten(0, 1).float(), ids[:, 1:].flatten()) + out.aux_loss
         loss.backward()
         opt.step()
@@ -88,6 +91,8 @@ def main() -> None:
         times.append(time.perf_counter() - t0)
         print(f"step {i + 1}/{args.steps}: {times[-1] * 1e3:.1f} ms", flush=True)
     median = statistics.median(times)
+    if args.profile:
+        write_profile(step, sync, device, REPO / args.profile)
     tokens = args.batch * args.seq_len
     flops_per_token = 3 * forward_flops_per_token(cfg, args.seq_len)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -100,6 +105,8 @@ def main() -> None:
         "device": device_name(device),
         "hip": torch.version.hip,
         "model": args.model,
+        "expert_backend": args.backend,
+        "compiled": args.compile,
         "params_active": num_active_params(cfg),
         "precision": precision,
         "tokens_per_step": tokens,
@@ -120,6 +127,20 @@ def main() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {out}")
+
+
+def write_profile(step, sync, device: torch.device, path: Path) -> None:
+    """One more step under torch.profiler; its kernels by total device time, as a text table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+        sync()
+    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(prof.key_averages().table(sort_by=sort_by, row_limit=40, max_name_column_width=70))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

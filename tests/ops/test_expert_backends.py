@@ -158,3 +158,18 @@ def test_gpu_parity_with_loop(case):
 def test_gpu_zaya1_shape_bf16():
     case = (16384, 2048, 2048, 16, 1, "random")
     check_parity("triton", case, torch.bfloat16, tol=1e-2, device="cuda")
+
+
+@pytest.mark.parametrize("backend", ["auto", "loop", "grouped_mm", "triton"])
+def test_autocast_runs_the_gemms_in_the_autocast_dtype(backend):
+    """bf16-mixed training: fp32 params and activations in, bf16 GEMMs, fp32 grads on the fp32 leaves, and
+    the same result as casting by hand."""
+    inputs = make_inputs(40, 32, 32, 4, 2, "random", torch.float32)
+    x, ids, w, wgu, wd = inputs
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = expert_mlp(x, ids, w, wgu, wd, backend=backend)
+    assert y.dtype == torch.bfloat16
+    grads = torch.autograd.grad(y.float().sum(), (x, w, wgu, wd))
+    assert all(g.dtype == torch.float32 for g in grads)
+    by_hand = expert_mlp(x.bfloat16(), ids, w, wgu.bfloat16(), wd.bfloat16(), backend=backend)
+    torch.testing.assert_close(y, by_hand, rtol=0, atol=0)

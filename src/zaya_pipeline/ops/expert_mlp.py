@@ -205,8 +205,22 @@ def expert_mlp(
 
     ``w_gate_up_EDF2`` (E, D, 2F) holds the gate projection in its first F columns and the up projection in
     the last F; ``w_down_EFD`` is (E, F, D). Gradients flow to x, both weights and the routing weights.
+
+    Under ``torch.autocast`` (Lightning's ``bf16-mixed``) x and the expert weights are cast to the autocast
+    dtype first, as autocast does for ``matmul``: the autograd Functions behind the backends are not on
+    autocast's op lists, and would otherwise run the GEMMs in fp32 (fp32 params, fp32 norm outputs).
     """
+    x_TD, w_gate_up_EDF2, w_down_EFD = _autocast_inputs(x_TD, w_gate_up_EDF2, w_down_EFD)
     if backend not in _IMPLEMENTATIONS:
         check_backend(backend)  # raises for unknown names
         backend = pick_backend(x_TD.device, x_TD.dtype, (x_TD.shape[1], w_down_EFD.shape[1]))
     return _IMPLEMENTATIONS[backend](x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD)
+
+
+def _autocast_inputs(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``tensors`` in the autocast dtype when autocast is on for their device (floating ones only)."""
+    device_type = tensors[0].device.type
+    if not torch.is_autocast_enabled(device_type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) if t.is_floating_point() else t for t in tensors)
