@@ -60,7 +60,8 @@ def main() -> None:
     ]
     cfg = load_config([*overrides, f"model.max_seq_len={max(args.seq_len, 1)}"]).model
     torch.manual_seed(0)
-    model = ZayaLM(cfg).to(device)
+    with device:  # initialised where it runs: a 1B-parameter init on the host alone takes ~15 s
+        model = ZayaLM(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     forward = torch.compile(model) if args.compile else model
     bf16 = device.type == "cuda"
