@@ -138,9 +138,8 @@ class MoE(nn.Module):
             rows_N = keep_TK.any(dim=1).nonzero().squeeze(1)
             ids_NK = ids_TK[rows_N].masked_fill(~keep_TK[rows_N], 0)
             weights_NK = weights_TK[rows_N] * keep_TK[rows_N]
-            y_TD = torch.zeros_like(x_TD).index_copy(
-                0, rows_N, self._experts(x_TD[rows_N], ids_NK, weights_NK)
-            )
+            y_ND = self._experts(x_TD[rows_N], ids_NK, weights_NK)  # autocast: may differ from x's dtype
+            y_TD = x_TD.new_zeros(x_TD.shape, dtype=y_ND.dtype).index_copy(0, rows_N, y_ND)
         if self.shared is not None:
             y_TD = y_TD + self.shared(x_TD)
         aux = self.aux_loss_coef * routed.aux_loss + self.z_loss_coef * routed.z_loss
