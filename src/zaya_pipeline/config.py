@@ -38,9 +38,18 @@ class CorpusConfig:
 
     source: str = "debian"  # "debian": Debian documentation packages; "folder": a folder of the user's own
     debian_packages: list[str] = field(default_factory=lambda: ["sqlite3-doc", "postgresql-doc-15"])
-    input_dir: str = ""  # source=folder: folder of *.jsonl, *.jsonl.gz, *.parquet (searched recursively)
-    text_key: str = "text"  # source=folder: field holding the document text
+    # source=folder: a folder (searched recursively), a file or a glob ("**" recurses) of *.jsonl,
+    # *.jsonl.gz, *.jsonl.zst, *.parquet, *.txt (one document per file), *.warc, *.warc.gz (HTML pages)
+    input_dir: str = ""
+    inputs: list[str] = field(default_factory=list)  # source=folder: more folders / files / globs, read after
+    text_key: str = "text"  # source=folder: field holding the document text (JSONL keys, Parquet columns)
     id_key: str = "id"  # source=folder: field holding the document id ("" = file name + line number)
+    # source=folder: longer documents are rejected (counted, kept in the rejects file), because the curate
+    # filters tokenize a whole document in memory; 10M characters is far above Gopher's word limit. 0 = no cap
+    max_doc_chars: int = 10_000_000
+    # WARC pages: "builtin" (html_text.py) or "trafilatura" (datatrove's extractor; trafilatura 1.x needs the
+    # lxml_html_clean package next to lxml >= 5.2, which the pinned environment does not ship)
+    html_extractor: str = "builtin"
     max_docs_per_source: int = 0  # cap per package / input file, for fast runs; 0 = no cap
     min_chars: int = 200  # pages with less extracted text than this (characters) are not documents
     cache_dir: str = ""  # where .deb files are kept; "" = $XDG_CACHE_HOME/zaya_pipeline/debs

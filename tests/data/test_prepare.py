@@ -116,7 +116,7 @@ def corpus_dir(tmp_path: Path) -> Path:
     )
     write_jsonl(root / "sub" / "b.jsonl.gz", [{"id": "b1", "text": PROSE + "b1"}], gz=True)
     pq.write_table(pa.table({"id": ["p1", "p2"], "text": [PROSE + "p1", PROSE + "p2"]}), root / "c.parquet")
-    (root / "notes.txt").write_text("not a data file")
+    (root / "notes.md").write_text("not a data file")
     return root
 
 
@@ -127,10 +127,11 @@ def test_folder_source_reads_jsonl_gz_and_parquet(tmp_path, corpus_dir):
         "a.jsonl.gz",
         "c.jsonl.gz",
         "manifest.json",
+        "rejects",
         "sub__b.jsonl.gz",
     ]
     a = read_records(raw / "a.jsonl.gz")
-    assert [r["id"] for r in a] == ["a1", "a3"]  # the whitespace-only document is skipped
+    assert [r["id"] for r in a] == ["a1", "a3"]  # the whitespace-only document is skipped, and counted
     assert a[0] == {
         "id": "a1",
         "text": PROSE + "a1",
@@ -147,6 +148,10 @@ def test_folder_source_reads_jsonl_gz_and_parquet(tmp_path, corpus_dir):
     assert by_name["a"]["docs"] == 2 and by_name["a"]["chars"] == 2 * len(PROSE) + 4
     metrics = json.loads((tmp_path / "reports" / "prepare.json").read_text())
     assert metrics["docs"] == 5 and metrics["sources"]["sub__b"] == {"docs": 1, "chars": len(PROSE) + 2}
+    assert metrics["rejected"] == manifest["rejected"] == {"whitespace_only": 1}
+    assert (
+        metrics["rejected_examples"][0]["file"] == "a.jsonl" and metrics["rejected_examples"][0]["line"] == 2
+    )
 
 
 def test_folder_source_numbers_lines_without_id_key_and_caps_docs(tmp_path, corpus_dir):
@@ -159,8 +164,9 @@ def test_two_runs_write_identical_bytes(tmp_path, corpus_dir):
     prepare(folder_cfg(tmp_path / "one", corpus_dir))
     prepare(folder_cfg(tmp_path / "two", corpus_dir))
     one, two = tmp_path / "one" / "raw", tmp_path / "two" / "raw"
-    names = sorted(p.name for p in one.iterdir())
-    assert names == sorted(p.name for p in two.iterdir())
+    names = sorted(p.relative_to(one).as_posix() for p in one.rglob("*") if p.is_file())
+    assert names == sorted(p.relative_to(two).as_posix() for p in two.rglob("*") if p.is_file())
+    assert "rejects/rejects.jsonl.zst" in names
     for name in names:
         assert (one / name).read_bytes() == (two / name).read_bytes(), name
 
@@ -170,7 +176,7 @@ def missing_folder(root: Path) -> Path:
 
 
 def no_data_files(root: Path) -> Path:
-    (root / "notes.txt").write_text("hi")
+    (root / "notes.md").write_text("hi")
     return root
 
 
@@ -178,12 +184,8 @@ def only_empty_documents(root: Path) -> Path:
     return write_jsonl(root / "e.jsonl", [{"id": 1, "text": ""}, {"id": 2, "text": " \n"}]).parent
 
 
-def malformed_line(root: Path) -> Path:
-    return write_jsonl(root / "m.jsonl", [{"id": 1, "text": PROSE}, '{"id": 2, "text": ']).parent
-
-
-def no_text_field(root: Path) -> Path:
-    return write_jsonl(root / "n.jsonl", [{"id": 1, "text": PROSE}, {"id": 2, "body": PROSE}]).parent
+def only_bad_lines(root: Path) -> Path:
+    return write_jsonl(root / "m.jsonl", ['{"id": 2, "text": ', {"id": 3, "body": PROSE}]).parent
 
 
 # case → (make the input folder, fragments the error message must contain)
@@ -191,8 +193,10 @@ BAD_INPUTS = {
     "missing folder": (missing_folder, ["data.corpus.input_dir=", "no such folder"]),
     "no data files": (no_data_files, ["data.corpus.input_dir=", "no *.jsonl"]),
     "only empty documents": (only_empty_documents, ["data.corpus.input_dir=", "every document is empty"]),
-    "malformed line": (malformed_line, ["m.jsonl:2: invalid JSON ("]),
-    "no text field": (no_text_field, ["n.jsonl:2: no field 'text' (data.corpus.text_key)"]),
+    "only bad lines": (
+        only_bad_lines,
+        ["data.corpus.input_dir=", "malformed_json: 1, missing_text: 1", "m.jsonl:1 malformed_json"],
+    ),
 }
 
 

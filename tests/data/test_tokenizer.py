@@ -177,7 +177,7 @@ def test_missing_empty_or_malformed_corpus_is_a_data_error(tmp_path):
     path = write_jsonl_gz(tmp_path / "curated" / "x.jsonl.gz", make_docs(3))
     with gzip.open(path, "at") as f:
         f.write('{"id": "broken", "text": \n')
-    with pytest.raises(DataError, match=r"x\.jsonl\.gz:4: not a JSON document"):
+    with pytest.raises(DataError, match=r"x\.jsonl\.gz:4: malformed JSON"):
         train_tokenizer(make_cfg(tmp_path))
 
 

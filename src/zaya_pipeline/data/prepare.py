@@ -4,14 +4,19 @@ Sources (``data.corpus.source``):
 
 * ``debian`` (default): the Debian documentation packages of ``data.corpus.debian_packages``, one document
   per HTML page (see ``debian.py`` and ``html_text.py``);
-* ``folder``: the user's ``*.jsonl`` / ``*.jsonl.gz`` / ``*.parquet`` files under ``data.corpus.input_dir``.
+* ``folder``: the user's JSONL / Parquet / text / WARC files under ``data.corpus.input_dir`` and
+  ``data.corpus.inputs`` (folders, files or globs; see ``folder.py``). Bad records are skipped and counted.
 
 Output (``paths.raw``, built in a temporary folder and moved into place only when complete)::
 
     <raw>/<source-name>.jsonl.gz  {"id", "text", "metadata"} per line; gzip header without time or name
-    <raw>/manifest.json           {source, sources: [{name, file, version, sha256, docs, chars}], docs, chars}
+    <raw>/manifest.json           {source, sources: [{name, file, version, sha256, docs, chars}], docs, chars,
+                                   rejected_docs, rejected: {reason: n}, rejected_examples, renamed_ids, ...}
+    <raw>/rejects/rejects.jsonl.zst  source=folder, when anything was rejected: one line per rejected record,
+                                   {file, line, reason, message, raw | raw_base64}
 
-and the DVC metrics file ``<reports>/prepare.json`` ({docs, chars, sources: {name: {docs, chars}}}).
+and the DVC metrics file ``<reports>/prepare.json`` ({docs, chars, sources: {name: {docs, chars}}} and the
+same rejected_* / renamed_* keys as the manifest).
 """
 
 from __future__ import annotations
@@ -78,35 +83,60 @@ def _prepare_debian(cfg: ZayaConfig, out: Path) -> list[dict]:
     return sources
 
 
-def _prepare_folder(cfg: ZayaConfig, out: Path) -> list[dict]:
+def _prepare_folder(cfg: ZayaConfig, out: Path) -> tuple[list[dict], dict]:
+    """One output shard per input file; returns the sources and what was rejected or renamed."""
     corpus = cfg.data.corpus
+    files, ignored = folder.list_inputs(corpus)
+    ledger = folder.Ledger(out / folder.REJECTS_FILE)
+    reader = folder.Reader(corpus, ledger)
     sources = []
-    for f in folder.list_inputs(corpus.input_dir):
-        file = f"{f.name}.jsonl.gz"
-        docs, chars = write_jsonl_gz(
-            out / file, folder.file_documents(f, corpus.text_key, corpus.id_key, corpus.max_docs_per_source)
+    try:
+        for f in files:
+            file = f"{f.name}.jsonl.gz"
+            before = ledger.rejected.total()
+            docs, chars = write_jsonl_gz(out / file, reader.documents(f))
+            rejected = ledger.rejected.total() - before
+            log.info("%s: %d documents, %d characters, %d rejected", f.rel, docs, chars, rejected)
+            if docs == 0:  # an input file without a usable document adds nothing: leave no empty shard
+                (out / file).unlink()
+            sources.append(
+                {
+                    "name": f.name,
+                    "file": file if docs else "",
+                    "path": f.rel,
+                    "format": f.kind,
+                    "version": "",
+                    "sha256": file_sha256(f.path),
+                    "docs": docs,
+                    "chars": chars,
+                    "rejected": rejected,
+                }
+            )
+    finally:
+        ledger.close()
+        folder.close_extractors()
+    rejects = ledger.summary() | {
+        "rejects_file": folder.REJECTS_FILE if ledger.rejected else "",
+        "ignored_files": len(ignored),
+        "ignored_examples": ignored[: folder.EXAMPLES_PER_REASON],
+    }
+    if not any(s["docs"] for s in sources):
+        where = ", ".join(f"{k}={v}" for k, v in folder.input_specs(corpus))
+        counts = ", ".join(f"{k}: {n}" for k, n in rejects["rejected"].items())
+        first = "; ".join(
+            f"{e['file']}:{e['line']} {e['reason']}" if e["line"] else f"{e['file']} {e['reason']}"
+            for e in rejects["rejected_examples"][:5]
         )
-        log.info("%s: %d documents, %d characters", f.rel, docs, chars)
-        if docs == 0:  # an input file with only empty texts adds nothing: leave no empty shard behind
-            (out / file).unlink()
-            continue
-        sources.append(
-            {
-                "name": f.name,
-                "file": file,
-                "path": f.rel,
-                "version": "",
-                "sha256": file_sha256(f.path),
-                "docs": docs,
-                "chars": chars,
-            }
-        )
-    if not sources:
         raise DataError(
-            f"data.corpus.input_dir={corpus.input_dir}: every document is empty "
-            f"(field '{corpus.text_key}', data.corpus.text_key) in {Path(corpus.input_dir).resolve()}"
+            f"{where}: no usable document, every document is empty or rejected "
+            f"(field '{corpus.text_key}', data.corpus.text_key) in "
+            f"{', '.join(str(Path(v).resolve()) for _, v in folder.input_specs(corpus))}. "
+            f"Rejected: {counts}. First: {first}"
         )
-    return sources
+    return [s for s in sources if s["docs"]], rejects
+
+
+NO_REJECTS = {"rejected_docs": 0, "rejected": {}, "rejected_examples": [], "renamed_ids": {}}
 
 
 def prepare(cfg: ZayaConfig) -> dict:
@@ -117,10 +147,14 @@ def prepare(cfg: ZayaConfig) -> dict:
     report = Path(cfg.paths.reports) / "prepare.json"
     remove_outputs(cfg.paths.raw, report)  # a failed run must not leave an older corpus looking current
     with atomic_dir(cfg.paths.raw) as out:
-        sources = _prepare_debian(cfg, out) if source == "debian" else _prepare_folder(cfg, out)
+        if source == "debian":
+            sources, rejects = _prepare_debian(cfg, out), dict(NO_REJECTS)
+        else:
+            sources, rejects = _prepare_folder(cfg, out)
         docs, chars = sum(s["docs"] for s in sources), sum(s["chars"] for s in sources)
         write_json(
-            out / "manifest.json", {"source": source, "sources": sources, "docs": docs, "chars": chars}
+            out / "manifest.json",
+            {"source": source, "sources": sources, "docs": docs, "chars": chars, **rejects},
         )
     write_json(
         report,
@@ -128,6 +162,13 @@ def prepare(cfg: ZayaConfig) -> dict:
             "docs": docs,
             "chars": chars,
             "sources": {s["name"]: {"docs": s["docs"], "chars": s["chars"]} for s in sources},
+            **rejects,
         },
     )
-    return {"raw": cfg.paths.raw, "sources": len(sources), "docs": docs, "chars": chars}
+    return {
+        "raw": cfg.paths.raw,
+        "sources": len(sources),
+        "docs": docs,
+        "chars": chars,
+        "rejected": rejects["rejected_docs"],
+    }

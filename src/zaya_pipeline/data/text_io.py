@@ -1,16 +1,16 @@
 """Reading the curated corpus: datatrove ``JsonlWriter`` output, one JSON document per line, gzip'd.
 
 The tokenizer stage reads documents here (plain Python, in a fixed order, so training is reproducible); the
-tokenize stage reads the same files with datatrove's ``JsonlReader`` and the same ``CURATED_GLOB``.
+tokenize stage reads the same files with datatrove's ``JsonlReader`` and the same ``CURATED_GLOB``. Lines are
+parsed by ``jsonl.read_jsonl``, the project's one JSONL reader.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from zaya_pipeline.data.jsonl import read_jsonl
 from zaya_pipeline.errors import DataError
 
 CURATED_GLOB = "*.jsonl.gz"
@@ -33,27 +33,10 @@ def iter_documents(folder: str | Path, limit: int = 0) -> Iterator[dict]:
     """Yield the curated documents (dicts with at least "text") in file order; ``limit`` > 0 stops after N."""
     count = 0
     for path in curated_files(folder):
-        for lineno, line in _lines(path):
-            if not line.strip():
-                continue
-            try:
-                doc = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not a JSON document ({exc.msg})") from None
-            if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
+        for lineno, doc in read_jsonl(path):
+            if not isinstance(doc.get("text"), str):
                 raise DataError(f'{path}:{lineno}: a curated document needs a string "text" field')
             yield doc
             count += 1
             if limit and count >= limit:
                 return
-
-
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """Numbered lines of a gzip'd text file; a corrupt or truncated file names itself in the error."""
-    lineno = 0
-    try:
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                yield lineno, line
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: unreadable after line {lineno} ({exc})") from None

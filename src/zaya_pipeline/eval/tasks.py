@@ -22,8 +22,6 @@ byte of the continuation (which removes the bias towards short answers). Ties go
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -32,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from zaya_pipeline.data.jsonl import read_jsonl
 from zaya_pipeline.errors import DataError
 from zaya_pipeline.eval.metrics import logits_of
 from zaya_pipeline.utils import get_logger
@@ -54,24 +53,10 @@ class MCItem:
 
 def _lines(path: Path) -> Iterator[tuple[int, dict]]:
     """(line number from 1, record) of every non-blank line; DataError naming ``file:line`` otherwise."""
-    lineno = 0
-    opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from e
-                if not isinstance(rec, dict):
-                    raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
-                yield lineno, rec
+        yield from read_jsonl(path)
     except FileNotFoundError as e:
         raise DataError(f"task file {path} does not exist") from e
-    except (OSError, EOFError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}:{lineno + 1}: cannot read the file ({e})") from e
 
 
 def _field(obj: dict, key: str, kind: type, where: str, name: str = ""):

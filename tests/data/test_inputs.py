@@ -1,0 +1,284 @@
+"""prepare stage, folder source: every input format, and bad input that is counted and survives."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import io
+import json
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from zaya_pipeline.config import load_config
+from zaya_pipeline.data.jsonl import read_jsonl
+from zaya_pipeline.data.prepare import prepare
+from zaya_pipeline.errors import ConfigError, DataError
+
+PROSE = "This is a document with enough words in it to count as a real document for the corpus. " * 4
+ARTICLE = (
+    "<html><head><title>Rivers</title></head><body><nav>Home | About | Contact</nav><article>"
+    + "".join(
+        f"<p>Paragraph {i}: rivers carry water from the mountains to the sea, and the towns along their "
+        f"banks have grown around the bridges, the mills and the harbours that the water made possible.</p>"
+        for i in range(6)
+    )
+    + "</article><footer>Copyright footer</footer></body></html>"
+)
+
+
+def cfg_for(tmp_path: Path, *overrides: str):
+    return load_config(
+        [
+            f"paths.raw={tmp_path}/raw",
+            f"paths.reports={tmp_path}/reports",
+            "data.corpus.source=folder",
+            *overrides,
+        ]
+    )
+
+
+def read_raw(raw: Path) -> dict[str, dict]:
+    records = {}
+    for path in sorted(raw.glob("*.jsonl.gz")):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            records.update({r["id"]: r for r in map(json.loads, f)})
+    return records
+
+
+def rejects_of(tmp_path: Path) -> list[dict]:
+    return [rec for _, rec in read_jsonl(tmp_path / "raw" / "rejects" / "rejects.jsonl.zst")]
+
+
+def write_warc(path: Path, pages: dict[str, str]) -> None:
+    from warcio.statusandheaders import StatusAndHeaders
+    from warcio.warcwriter import WARCWriter
+
+    with open(path, "wb") as fh:
+        writer = WARCWriter(fh, gzip=path.name.endswith(".gz"))
+        for url, html in pages.items():
+            headers = StatusAndHeaders("200 OK", [("Content-Type", "text/html")], protocol="HTTP/1.1")
+            rec = writer.create_warc_record(
+                url,
+                "response",
+                payload=io.BytesIO(html.encode("utf-8")),
+                http_headers=headers,
+                warc_headers_dict={"WARC-Identified-Payload-Type": "text/html"},
+            )
+            writer.write_record(rec)
+
+
+# -- formats and input specs ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def mixed(tmp_path: Path) -> Path:
+    root = tmp_path / "mixed"
+    (root / "web").mkdir(parents=True)
+    (root / "books").mkdir()
+    with open(root / "a.jsonl.zst", "wb") as fh, zstandard.ZstdCompressor().stream_writer(fh) as w:
+        w.write((json.dumps({"doc": "z1", "body": PROSE + "zst"}) + "\n").encode())
+    pq.write_table(pa.table({"doc": ["p1"], "body": [PROSE + "parquet"]}), root / "b.parquet")
+    (root / "books" / "one.txt").write_text(PROSE + "book one\nsecond line", encoding="utf-8")
+    write_warc(root / "web" / "crawl.warc.gz", {"http://example.com/rivers": ARTICLE})
+    return root
+
+
+def trafilatura_works() -> bool:
+    try:
+        import trafilatura  # noqa: F401
+    except ImportError:  # 1.x on lxml >= 5.2 without lxml_html_clean
+        return False
+    return True
+
+
+needs_trafilatura = pytest.mark.skipif(not trafilatura_works(), reason="trafilatura does not import")
+
+
+@pytest.mark.parametrize("extractor", [pytest.param("trafilatura", marks=needs_trafilatura), "builtin"])
+def test_every_format_with_configured_text_and_id_fields(tmp_path, mixed, extractor):
+    prepare(
+        cfg_for(
+            tmp_path,
+            f"data.corpus.input_dir={mixed}",
+            "data.corpus.text_key=body",
+            "data.corpus.id_key=doc",
+            f"data.corpus.html_extractor={extractor}",
+        )
+    )
+    records = read_raw(tmp_path / "raw")
+    assert records["z1"]["text"] == PROSE + "zst" and records["z1"]["metadata"]["source"] == "a.jsonl.zst"
+    assert records["p1"]["text"] == PROSE + "parquet"
+    assert records["books/one.txt"]["text"] == PROSE + "book one\nsecond line"
+    (warc,) = [r for r in records.values() if r["metadata"]["source"] == "web/crawl.warc.gz"]
+    assert warc["id"].startswith("<urn:uuid:") and warc["metadata"]["url"] == "http://example.com/rivers"
+    assert "Paragraph 5: rivers carry water" in warc["text"]
+    assert "<p>" not in warc["text"] and "Copyright footer" not in warc["text"]
+    manifest = json.loads((tmp_path / "raw" / "manifest.json").read_text())
+    assert {s["format"] for s in manifest["sources"]} == {"jsonl", "parquet", "text", "warc"}
+    assert manifest["rejected_docs"] == 0 and not (tmp_path / "raw" / "rejects").exists()
+
+
+def test_globs_and_an_inputs_list(tmp_path, mixed):
+    prepare(
+        cfg_for(
+            tmp_path,
+            f"data.corpus.input_dir={mixed}/**/*.txt",
+            f"data.corpus.inputs=[{mixed}/b.parquet,{mixed}/web]",
+            "data.corpus.text_key=body",
+            "data.corpus.id_key=doc",
+        )
+    )
+    names = sorted(p.name for p in (tmp_path / "raw").glob("*.jsonl.gz"))
+    assert names == ["b.jsonl.gz", "books__one.jsonl.gz", "crawl.jsonl.gz"]
+
+
+def test_a_glob_that_matches_nothing_and_a_bad_extractor_are_clear_errors(tmp_path, mixed):
+    with pytest.raises(DataError, match=r"data\.corpus\.inputs\[0\]=.*nope\*: the pattern matches no file"):
+        prepare(cfg_for(tmp_path, f"data.corpus.input_dir={mixed}", f"data.corpus.inputs=[{mixed}/nope*]"))
+    with pytest.raises(ConfigError, match="data.corpus.html_extractor='lxml'"):
+        prepare(cfg_for(tmp_path, f"data.corpus.input_dir={mixed}", "data.corpus.html_extractor=lxml"))
+    if not trafilatura_works():
+        with pytest.raises(ConfigError, match="html_extractor=trafilatura cannot be used .*; use builtin"):
+            prepare(
+                cfg_for(tmp_path, f"data.corpus.input_dir={mixed}", "data.corpus.html_extractor=trafilatura")
+            )
+
+
+# -- bad input: counted, kept in the rejects file, the run goes on -----------------------------------------
+
+GOOD = {"id": "g1", "text": PROSE + "g1"}
+
+
+def bad_corpus(root: Path) -> dict[str, bytes]:
+    """A folder of every kind of bad input; returns the raw bytes of some rejected lines, by name."""
+    root.mkdir(parents=True)
+    lines = {
+        "good": json.dumps(GOOD).encode(),
+        "malformed": b'{"id": "m", "text": "cut off',
+        "utf8": b'{"id": "u", "text": "caf\xe9 latin-1"}',
+        "empty": json.dumps({"id": "e", "text": ""}).encode(),
+        "spaces": json.dumps({"id": "w", "text": " \n\t "}).encode(),
+        "dup": json.dumps({"id": "g1", "text": PROSE + "second g1"}).encode(),
+        "no_id": json.dumps({"text": PROSE + "no id"}).encode(),
+        "array": b"[1, 2, 3]",
+        "surrogate": b'{"id": "s", "text": "half \\ud800 pair"}',
+        "number": json.dumps({"id": "n", "text": 42}).encode(),
+        "no_text": json.dumps({"id": "t", "body": PROSE}).encode(),
+    }
+    # lines 1..11 in this order, then a blank line that is not a record
+    (root / "mix.jsonl").write_bytes(b"\n".join(lines.values()) + b"\n\n")
+    (root / "garbage.jsonl").write_bytes(bytes(range(256)) * 8)  # NUL bytes: binary
+    (root / "notgzip.jsonl.gz").write_bytes(b"this is not gzip data")
+    whole = gzip.compress(
+        b"".join(json.dumps({"id": f"t{i}", "text": PROSE}).encode() + b"\n" for i in range(50))
+    )
+    (root / "truncated.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    (root / "garbage.parquet").write_bytes(b"PAR1 garbage")
+    (root / "image.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    return lines
+
+
+def test_bad_input_is_counted_by_reason_with_file_and_line(tmp_path):
+    lines = bad_corpus(tmp_path / "bad")
+    summary = prepare(cfg_for(tmp_path, f"data.corpus.input_dir={tmp_path / 'bad'}"))
+    report = json.loads((tmp_path / "reports" / "prepare.json").read_text())
+    assert report["rejected"] == {
+        "binary_file": 2,
+        "empty": 1,
+        "invalid_utf8": 2,  # a bad byte, and a lone surrogate escape that cannot be written as UTF-8
+        "malformed_json": 1,
+        "missing_text": 1,
+        "not_an_object": 1,
+        "text_not_string": 1,
+        "unreadable_file": 3,  # not gzip, truncated gzip, not Parquet
+        "whitespace_only": 1,
+    }
+    assert report["rejected_docs"] == 13 == summary["rejected"]
+    where = {(e["file"], e["line"]): e["reason"] for e in report["rejected_examples"]}
+    assert {k: v for k, v in where.items() if k[0] == "mix.jsonl"} == {
+        ("mix.jsonl", 2): "malformed_json",
+        ("mix.jsonl", 3): "invalid_utf8",
+        ("mix.jsonl", 4): "empty",
+        ("mix.jsonl", 5): "whitespace_only",
+        ("mix.jsonl", 8): "not_an_object",
+        ("mix.jsonl", 9): "invalid_utf8",
+        ("mix.jsonl", 10): "text_not_string",
+        ("mix.jsonl", 11): "missing_text",
+    }
+    assert where[("garbage.jsonl", None)] == where[("image.txt", None)] == "binary_file"
+    assert where[("notgzip.jsonl.gz", 1)] == where[("garbage.parquet", None)] == "unreadable_file"
+    (truncated,) = [e for e in report["rejected_examples"] if e["file"] == "truncated.jsonl.gz"]
+    records = read_raw(tmp_path / "raw")
+    kept_before_the_break = sum(
+        1 for r in records.values() if r["metadata"]["source"] == "truncated.jsonl.gz"
+    )
+    assert 0 < kept_before_the_break < 50 and truncated["line"] == kept_before_the_break + 1
+    assert "truncated.jsonl.gz:" in truncated["message"] and "cannot read" in truncated["message"]
+
+    # a repeated id is kept under a new one, a missing id becomes file:line; both are counted
+    assert records["g1"]["text"] == PROSE + "g1" and records["g1#2"]["text"] == PROSE + "second g1"
+    assert records["mix.jsonl:7"]["text"] == PROSE + "no id"
+    assert report["renamed_ids"] == {"duplicate_id": 1, "missing_id": 1}
+    assert {"file": "mix.jsonl", "line": 6, "reason": "duplicate_id", "id": "g1", "new_id": "g1#2"} in report[
+        "renamed_examples"
+    ]
+
+    # nothing is lost: each rejected line is in the rejects file, byte for byte
+    rejects = rejects_of(tmp_path)
+    assert len(rejects) == 13
+    by_line = {(r["file"], r["line"]): r for r in rejects}
+    assert base64.b64decode(by_line["mix.jsonl", 3]["raw_base64"]) == lines["utf8"] + b"\n"
+    assert by_line["mix.jsonl", 2]["raw"] == lines["malformed"].decode() + "\n"
+    assert json.loads(by_line["mix.jsonl", 10]["raw"]) == {"id": "n", "text": 42}
+    assert "sha256" in by_line["garbage.jsonl", None]["message"]
+
+
+def test_duplicate_ids_across_files_and_a_taken_suffix(tmp_path):
+    root = tmp_path / "dups"
+    root.mkdir()
+    rows = [{"id": "x", "text": PROSE}, {"id": "x#2", "text": PROSE + "b"}]
+    (root / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "b.jsonl").write_text(json.dumps({"id": "x", "text": PROSE + "c"}) + "\n")
+    prepare(cfg_for(tmp_path, f"data.corpus.input_dir={root}"))
+    records = read_raw(tmp_path / "raw")
+    assert sorted(records) == ["x", "x#2", "x#3"] and records["x#3"]["text"] == PROSE + "c"
+
+
+def huge_document(root: Path, mb: int = 50) -> Path:
+    root.mkdir(parents=True)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi. "
+    text = words * (mb * 1_000_000 // len(words) + 1)
+    path = root / "huge.jsonl"
+    path.write_text(
+        json.dumps({"id": "small", "text": PROSE}) + "\n" + json.dumps({"id": "huge", "text": text}) + "\n"
+    )
+    return path
+
+
+def test_a_50_mb_document_is_rejected_by_the_default_cap(tmp_path):
+    huge_document(tmp_path / "in")
+    start = time.monotonic()
+    prepare(cfg_for(tmp_path, f"data.corpus.input_dir={tmp_path / 'in'}"))
+    seconds = time.monotonic() - start
+    report = json.loads((tmp_path / "reports" / "prepare.json").read_text())
+    assert report["rejected"] == {"too_long": 1} and report["docs"] == 1
+    (example,) = report["rejected_examples"]
+    assert example["line"] == 2 and "> data.corpus.max_doc_chars=10000000" in example["message"]
+    (reject,) = rejects_of(tmp_path)
+    assert len(json.loads(reject["raw"])["text"]) >= 50_000_000
+    assert seconds < 30, f"{seconds:.1f} s: reading one big line must stay linear"
+
+
+def test_a_50_mb_document_passes_without_a_cap(tmp_path):
+    path = huge_document(tmp_path / "in")
+    start = time.monotonic()
+    prepare(cfg_for(tmp_path, f"data.corpus.input_dir={path}", "data.corpus.max_doc_chars=0"))
+    seconds = time.monotonic() - start
+    records = read_raw(tmp_path / "raw")
+    assert len(records["huge"]["text"]) >= 50_000_000 and records["small"]["text"] == PROSE
+    assert seconds < 60, f"{seconds:.1f} s"
