@@ -254,6 +254,11 @@ class TrainDataConfig:
 
     sources: dict[str, str] = field(default_factory=dict)  # name -> tokens dir; {} = {main: paths.tokens}
     phases: list[PhaseConfig] = field(default_factory=list)  # [] = one phase over every source, equal weights
+    # Documents packed into one sequence (each ends with EOS): "none" = plain causal attention over the whole
+    # window; "reset_positions" = RoPE positions restart at 0 after each EOS; "mask" = that plus attention
+    # (and CCA's convolutions) kept inside each document, so a document is modelled as if it stood alone.
+    # Applies to training and validation batches; docs/data.md#loader.
+    doc_boundaries: str = "none"
 
 
 @dataclass

@@ -7,9 +7,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from zaya_pipeline.data.loader import PackedDataset, load_split, read_token_meta
-from zaya_pipeline.errors import DataError
+from zaya_pipeline.data.loader import (
+    PackedDataset,
+    ShardedTokens,
+    boundary_fields,
+    load_split,
+    read_token_meta,
+    token_counts,
+)
+from zaya_pipeline.errors import ConfigError, DataError
 
 
 def write_split(tokens_dir: Path, split: str, shards: dict[str, np.ndarray], dtype: str = "uint16") -> None:
@@ -68,3 +76,54 @@ def test_truncated_shard_missing_meta_or_too_few_tokens_are_data_errors(tmp_path
     write_split(tmp_path, "val", {"0.ds": np.arange(5)})
     with pytest.raises(DataError, match=r"only 5 tokens"):
         PackedDataset(load_split(tmp_path, "val"), seq_len=8)
+
+
+def test_many_shards_are_one_memory_mapped_sequence_without_a_copy(tmp_path):
+    parts = {"0.ds": np.arange(0, 7), "1.ds": np.arange(7, 10), "2.ds": np.arange(10, 25)}
+    write_split(tmp_path, "train", parts)
+    tokens, flat = load_split(tmp_path, "train"), np.arange(25)
+    assert isinstance(tokens, ShardedTokens) and len(tokens) == 25 and tokens.max() == 24
+    assert all(isinstance(s, np.memmap) for s in tokens.shards)
+    for a in range(26):
+        for b in range(a, 27):
+            assert tokens[a:b].tolist() == flat[a:b].tolist(), (a, b)
+    assert [int(tokens[i]) for i in (0, 6, 7, 9, 10, 24, -1, -25)] == [0, 6, 7, 9, 10, 24, 24, 0]
+    assert isinstance(tokens[2:5], np.memmap), "a slice inside one shard is a view of its memmap"
+    with pytest.raises(IndexError):
+        tokens[25]
+    with pytest.raises(IndexError, match="contiguous"):
+        tokens[::2]
+    packed, ref = PackedDataset(tokens, seq_len=4, seed=3), PackedDataset(flat, seq_len=4, seed=3)
+    assert all(torch.equal(packed[i]["input_ids"], ref[i]["input_ids"]) for i in range(len(ref)))
+    assert token_counts(tokens, 30, chunk=4).tolist() == np.bincount(flat, minlength=30).tolist()
+
+
+def test_boundary_fields_restart_positions_and_number_documents_after_each_eos():
+    ids = torch.tensor([[5, 6, 0, 7, 8, 9, 0, 0, 4], [0, 1, 2, 3, 4, 5, 6, 7, 8]])
+    reset = boundary_fields(ids, 0, "reset_positions")
+    assert list(reset) == ["position_ids"]
+    assert reset["position_ids"].tolist() == [[0, 1, 2, 0, 1, 2, 3, 0, 0], [0, 0, 1, 2, 3, 4, 5, 6, 7]]
+    mask = boundary_fields(ids, 0, "mask")
+    assert mask["position_ids"].tolist() == reset["position_ids"].tolist()
+    assert mask["doc_ids"].tolist() == [[0, 0, 0, 1, 1, 1, 1, 2, 3], [0, 1, 1, 1, 1, 1, 1, 1, 1]]
+    assert boundary_fields(ids, 0, "none") == {}
+    with pytest.raises(ConfigError, match=r"train\.data\.doc_boundaries.*'masked'"):
+        boundary_fields(ids, 0, "masked")
+    with pytest.raises(DataError, match=r"doc_boundaries=mask needs the eos_id"):
+        boundary_fields(ids, None, "mask")
+
+
+def test_packed_items_carry_the_boundary_fields_of_their_window(tmp_path):
+    tokens = np.array([3, 4, 0, 5, 6, 7, 0, 8, 9, 1, 0, 2, 3])
+    ds = PackedDataset(tokens, seq_len=6, eos_id=0, doc_boundaries="mask")
+    item = ds[1]
+    assert item["input_ids"].tolist() == [0, 8, 9, 1, 0, 2]
+    assert item["position_ids"].tolist() == [0, 0, 1, 2, 3, 0] and item["doc_ids"].tolist() == [
+        0,
+        1,
+        1,
+        1,
+        1,
+        2,
+    ]
+    assert set(PackedDataset(tokens, seq_len=6)[1]) == {"input_ids", "labels"}

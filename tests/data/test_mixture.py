@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import re
 import sys
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from zaya_pipeline.data.loader import boundary_fields
 from zaya_pipeline.data.mixture import MixtureStream, Phase, load_sources
 from zaya_pipeline.errors import ConfigError, DataError
 
@@ -206,3 +208,93 @@ def test_load_sources(tmp_path):
     )
     with pytest.raises(DataError, match=message):
         load_sources({"web": str(a), "other": str(c)})
+    meta = json.loads((c / "meta.json").read_text())
+    (c / "meta.json").write_text(json.dumps(meta | {"vocab_size": shards.VOCAB, "eos_id": 1}))
+    with pytest.raises(DataError, match=r"disagree on eos_id: .* has 0, .* \(source 'other'\) has 1"):
+        load_sources({"web": str(a), "other": str(c)})
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_ranks_cover_every_window_once_per_epoch_with_no_overlap_and_no_gap(world_size):
+    """One source of 500 windows, 20 sequences a step: 25 batches are one epoch over all ranks together."""
+    one = {"a": np.arange(500 * SEQ + 1, dtype=np.uint32)}
+    args = dict(sources=one, phases=[Phase("all", 0, {"a": 1})], seq_len=SEQ, seed=9)
+    ranks = [
+        MixtureStream(**args, batch_sequences=lambda b: 20, world_size=world_size, rank=r)
+        for r in range(world_size)
+    ]
+    again = MixtureStream(**args, batch_sequences=lambda b: 20, world_size=world_size, rank=world_size - 1)
+    starts = []
+    for b in range(25):
+        per_rank = [r.batch(b)["input_ids"][:, 0] for r in ranks]
+        assert all(len(p) == 20 // world_size for p in per_rank)
+        starts += torch.cat(per_rank).tolist()
+        assert torch.equal(again.batch(b)["input_ids"][:, 0], per_rank[-1])  # deterministic per rank
+    assert sorted(starts) == list(range(0, 500 * SEQ, SEQ))
+
+
+@pytest.mark.parametrize("world_size, resume_world_size", [(1, 1), (2, 2), (4, 4), (2, 4), (4, 1)])
+def test_state_dict_resumes_every_rank_at_the_exact_next_sample(world_size, resume_world_size):
+    ref = stream()  # the uninterrupted global stream
+    expected = [ref.batch(b) for b in range(30)]
+    states = []
+    for r in range(world_size):
+        s = stream(world_size=world_size, rank=r)
+        it = iter(s)
+        for _ in range(11):
+            next(it)
+        states.append(s.state_dict())
+    assert all(st == states[0] for st in states) and states[0]["next_batch"] == 11
+    resumed = [stream(world_size=resume_world_size, rank=r) for r in range(resume_world_size)]
+    for s in resumed:
+        s.load_state_dict(states[0])
+    iters = [iter(s) for s in resumed]
+    for b in range(11, 30):
+        parts = [next(it) for it in iters]
+        assert all(p["batch_index"] == b for p in parts)
+        whole = {k: torch.cat([p[k] for p in parts]) for k in ("input_ids", "labels")}
+        assert torch.equal(whole["input_ids"], expected[b]["input_ids"])
+        assert torch.equal(whole["labels"], expected[b]["labels"])
+    assert resumed[0].state_dict()["next_batch"] == 30
+
+
+def test_state_dict_of_another_order_is_refused():
+    state = stream().state_dict()
+    with pytest.raises(DataError, match=r"seed 5 differs .* 6 \(train\.seed"):
+        stream(seed=6).load_state_dict(state)
+    with pytest.raises(DataError, match=r"seq_len"):
+        stream(seq_len=SEQ * 2).load_state_dict(state)
+    with pytest.raises(DataError, match=r"no next_batch"):
+        stream().load_state_dict({"seed": 5})
+
+
+@pytest.mark.parametrize("mode", ["reset_positions", "mask"])
+def test_batches_carry_the_boundary_fields(mode):
+    toks = {"a": (np.arange(4_000) % 11).astype(np.uint32), "b": (np.arange(1_000) % 5).astype(np.uint32)}
+    s = stream(sources=toks, eos_id=0, doc_boundaries=mode, world_size=2, rank=1)
+    x = s.batch(3)
+    assert torch.equal(x["position_ids"], boundary_fields(x["input_ids"], 0, mode)["position_ids"])
+    assert ("doc_ids" in x) == (mode == "mask")
+    assert x["position_ids"].shape == x["input_ids"].shape and int(x["position_ids"].max()) < 11
+    plain = stream(sources=toks).batch(3)
+    assert set(plain) == {"input_ids", "labels", "batch_index", "phase", "source_counts"}
+    assert same(plain, stream(sources=toks, doc_boundaries="none", eos_id=0).batch(3))
+    with pytest.raises(DataError, match=r"train\.data\.doc_boundaries=mask needs the eos_id"):
+        stream(doc_boundaries="mask")
+    with pytest.raises(ConfigError, match=r"train\.data\.doc_boundaries"):
+        stream(doc_boundaries="reset", eos_id=0)
+
+
+def test_data_module_gives_training_and_validation_batches_the_boundary_fields(tmp_path):
+    from zaya_pipeline.config import load_config
+    from zaya_pipeline.train.data import TokenDataModule
+
+    shards = _token_shards()
+    tokens = shards.write_shards(tmp_path / "tok", n_train=5_000, n_val=1_000)
+    cfg = load_config(["train=debug", "train.data.doc_boundaries=mask"])
+    dm = TokenDataModule(tokens, cfg.train, vocab_size=shards.VOCAB)
+    dm.setup("fit")
+    x = dm.stream().batch(0)
+    assert x["doc_ids"].shape == x["input_ids"].shape == (cfg.train.micro_batch, cfg.train.seq_len)
+    v = dm.val_set[0]
+    assert torch.equal(v["doc_ids"], boundary_fields(v["input_ids"], shards.EOS, "mask")["doc_ids"])

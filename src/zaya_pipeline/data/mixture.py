@@ -20,11 +20,15 @@ Semantics (every quantity is a pure function of the constructor arguments and th
   ``perm(s, e)[k % n_windows]`` with ``e = k // n_windows`` and ``perm(s, e)`` a permutation seeded by
   ``(seed, s, e)``: no window repeats until the source is exhausted, and each epoch is reshuffled.
 * **Resume.** ``start_batch=b`` replays the choices of batches < b (vectorized) to recover every source's
-  draw count, then yields exactly what an uninterrupted stream yields from batch b on.
+  draw count, then yields exactly what an uninterrupted stream yields from batch b on. ``state_dict()`` is
+  that position (the batch after the last one returned) with what the order depends on; ``load_state_dict``
+  checks those and seeks there. The position is global, so a stream resumes under another ``world_size``
+  (same global batch): its ranks' slices still concatenate to the uninterrupted global batch.
 
 A batch is a dict: ``input_ids`` and ``labels`` (int64 tensors of shape ``(B/W, seq_len)``), ``batch_index``
 (int), ``phase`` (int) and ``source_counts`` (list of ints: this rank's sequences per source, in source
-order; the names are ``MixtureStream.source_names``).
+order; the names are ``MixtureStream.source_names``); with ``doc_boundaries`` other than "none" also the
+fields of :func:`~zaya_pipeline.data.loader.boundary_fields` (``position_ids``, ``doc_ids``).
 """
 
 from __future__ import annotations
@@ -39,7 +43,13 @@ from pathlib import Path
 
 import numpy as np
 
-from zaya_pipeline.data.loader import PackedDataset, load_split, read_token_meta
+from zaya_pipeline.data.loader import (
+    PackedDataset,
+    boundary_fields,
+    check_boundary_mode,
+    load_split,
+    read_token_meta,
+)
 from zaya_pipeline.errors import ConfigError, DataError
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -98,6 +108,8 @@ class MixtureStream:
         rank: int = 0,
         world_size: int = 1,
         start_batch: int = 0,
+        eos_id: int | None = None,
+        doc_boundaries: str = "none",
     ):
         seq_len = _as_int(seq_len, "seq_len")
         if seq_len < 1:
@@ -105,6 +117,10 @@ class MixtureStream:
         if not sources:
             raise ConfigError("data mixture: no sources given")
         self.seq_len = seq_len
+        check_boundary_mode(doc_boundaries)
+        if doc_boundaries != "none" and eos_id is None:
+            raise DataError(f"train.data.doc_boundaries={doc_boundaries} needs the eos_id of the tokens")
+        self.eos_id, self.doc_boundaries = eos_id, doc_boundaries
         self.source_names = tuple(sources)
         self.datasets = [self._dataset(name, tokens, seq_len) for name, tokens in sources.items()]
         self.phases = list(phases)
@@ -126,6 +142,36 @@ class MixtureStream:
             raise ConfigError(f"start_batch must be >= 0, got {self.start_batch}")
         self._cursor = (0, np.zeros(len(self.datasets), dtype=np.int64))  # (batch, draws before it)
         self._counts_before(self.start_batch)  # seek now, so errors and cost show up at construction
+        self.next_batch = self.start_batch  # the batch after the last one returned: the resume position
+
+    # ---- position -----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Where to resume: ``next_batch``, plus the seed, seq_len and sources the order depends on."""
+        return {
+            "next_batch": self.next_batch,
+            "seed": self.seed,
+            "seq_len": self.seq_len,
+            "sources": list(self.source_names),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue at ``state["next_batch"]``; a state of a stream with another seed, seq_len or sources
+        would not continue the same order, so it is refused."""
+        mine = self.state_dict()
+        for key in ("seed", "seq_len", "sources"):
+            if key in state and state[key] != mine[key]:
+                raise DataError(
+                    f"data stream state: {key} {state[key]!r} differs from this stream's {mine[key]!r} "
+                    "(train.seed / train.seq_len / train.data.sources): it would not continue the same order"
+                )
+        if "next_batch" not in state:
+            raise DataError(f"data stream state has no next_batch (keys: {sorted(state)})")
+        b = _as_int(state["next_batch"], "next_batch")
+        if b < 0:
+            raise DataError(f"data stream state: next_batch must be >= 0, got {b}")
+        self._counts_before(b)
+        self.start_batch = self.next_batch = b
 
     # ---- validation -------------------------------------------------------------------------------
 
@@ -291,17 +337,20 @@ class MixtureStream:
             self.datasets[s][self._window(s, k)]
             for s, k in zip(mine.tolist(), mine_draws.tolist(), strict=True)
         ]
+        input_ids = torch.stack([it["input_ids"] for it in items])
+        self.next_batch = b + 1
         return {
-            "input_ids": torch.stack([it["input_ids"] for it in items]),
+            "input_ids": input_ids,
             "labels": torch.stack([it["labels"] for it in items]),
             "batch_index": b,
             "phase": phase,
             "source_counts": np.bincount(mine, minlength=len(counts)).tolist(),
-        }
+        } | boundary_fields(input_ids, self.eos_id, self.doc_boundaries)
 
     def __iter__(self) -> Iterator[dict]:
-        """Batches start_batch, start_batch + 1, ... (infinite)."""
-        for b in count(self.start_batch):
+        """Batches next_batch, next_batch + 1, ... (infinite): from start_batch, or where
+        ``load_state_dict`` put the stream."""
+        for b in count(self.next_batch):
             yield self.batch(b)
 
 
@@ -310,17 +359,18 @@ def load_sources(paths: dict[str, str], split: str = "train") -> dict[str, np.nd
     if not paths:
         raise ConfigError("data mixture: no sources given (paths is empty)")
     out: dict[str, np.ndarray] = {}
-    first: tuple[str, int] | None = None
+    first: tuple[str, dict] | None = None
     for name, tokens_dir in paths.items():
-        vocab = read_token_meta(tokens_dir).get("vocab_size")
-        if vocab is None:
+        meta = read_token_meta(tokens_dir)
+        if meta.get("vocab_size") is None:
             raise DataError(f"{Path(tokens_dir) / 'meta.json'} has no vocab_size")
         if first is None:
-            first = (str(tokens_dir), vocab)
-        elif vocab != first[1]:
-            raise DataError(
-                f"data sources disagree on vocab_size: {first[0]} has {first[1]}, "
-                f"{tokens_dir} (source {name!r}) has {vocab}"
-            )
+            first = (str(tokens_dir), meta)
+        for key in ("vocab_size", "eos_id"):  # one model vocabulary, one document separator
+            if meta.get(key) != first[1].get(key):
+                raise DataError(
+                    f"data sources disagree on {key}: {first[0]} has {first[1].get(key)}, "
+                    f"{tokens_dir} (source {name!r}) has {meta.get(key)}"
+                )
         out[name] = load_split(tokens_dir, split)
     return out

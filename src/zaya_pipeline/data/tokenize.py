@@ -22,7 +22,7 @@ from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.tokens import DocumentTokenizer
 
 from zaya_pipeline.config import TokenizeConfig, ZayaConfig
-from zaya_pipeline.data.loader import read_shards
+from zaya_pipeline.data.loader import read_shards, token_counts
 from zaya_pipeline.data.text_io import CURATED_GLOB, curated_files
 from zaya_pipeline.errors import ConfigError, DataError
 from zaya_pipeline.utils import atomic_dir, get_logger, read_json, remove_outputs, set_project_env, write_json
@@ -127,11 +127,12 @@ def tokenize(cfg: ZayaConfig) -> dict:
     }
 
 
-def unigram_cross_entropy(train: np.ndarray, val: np.ndarray, vocab_size: int) -> float:
-    """Cross-entropy (nats/token) of ``val`` under the add-one-smoothed unigram distribution of ``train``."""
-    counts = np.bincount(train, minlength=vocab_size).astype(np.float64)
+def unigram_cross_entropy(train, val, vocab_size: int) -> float:
+    """Cross-entropy (nats/token) of ``val`` under the add-one-smoothed unigram distribution of ``train``
+    (token arrays or :class:`~zaya_pipeline.data.loader.ShardedTokens`, counted shard by shard)."""
+    counts = token_counts(train, vocab_size).astype(np.float64)
     log_p = np.log(counts + 1.0) - math.log(counts.sum() + vocab_size)
-    val_counts = np.bincount(val, minlength=vocab_size)
+    val_counts = token_counts(val, vocab_size)
     return float(-(val_counts @ log_p) / val_counts.sum())
 
 

@@ -3,9 +3,14 @@
 Both take an optional per-layer decoding cache (a dict owned by ``KVCache``) and the position of their first
 token, so that the same code runs a full sequence, a chunked prefill and one-token-at-a-time decoding.
 
+Packed training sequences may also pass ``position_ids_BT`` (RoPE positions that restart at each document)
+and ``doc_ids_BT`` (document number of each token): with ``doc_ids_BT`` attention is block-diagonal causal,
+and CCA's convolutions and value shift read only tokens of the same document (no cache then).
+
 Shape legend:
     B  batch    T  new tokens    S  cached + new tokens    D  model width    H  query heads
     G  key/value heads    Hd  head width    C  packed q/k channels ((H + G) * Hd)    R  rotated pairs
+    K  convolution taps
 """
 
 from __future__ import annotations
@@ -94,9 +99,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_TR", cos, persistent=False)
         self.register_buffer("sin_TR", sin, persistent=False)
 
-    def forward(self, x_BHTHd: torch.Tensor, start: int) -> torch.Tensor:
+    def forward(
+        self, x_BHTHd: torch.Tensor, start: int, position_ids_BT: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if self.rot_dim == 0:
             return x_BHTHd
+        if position_ids_BT is not None:  # per-token positions, broadcast over heads
+            return apply_rope(
+                x_BHTHd, self.cos_TR[position_ids_BT][:, None], self.sin_TR[position_ids_BT][:, None]
+            )
         T = x_BHTHd.shape[2]
         return apply_rope(x_BHTHd, self.cos_TR[start : start + T], self.sin_TR[start : start + T])
 
@@ -111,10 +122,19 @@ def _extend(cache: dict | None, name: str, new_BGTHd: torch.Tensor) -> torch.Ten
     return full
 
 
-def _attend(q_BHTHd, k_BGSHd, v_BGSHd, start: int, scale: float | None = None) -> torch.Tensor:
-    """Causal SDPA of T new queries (positions start..start+T-1) over S = start + T keys; G may divide H."""
+def _attend(
+    q_BHTHd, k_BGSHd, v_BGSHd, start: int, scale: float | None = None, doc_ids_BT: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Causal SDPA of T new queries (positions start..start+T-1) over S = start + T keys; G may divide H.
+    With ``doc_ids_BT`` (no cache) a query sees only the keys of its own document."""
     T, S = q_BHTHd.shape[2], k_BGSHd.shape[2]
     gqa = q_BHTHd.shape[1] != k_BGSHd.shape[1]
+    if doc_ids_BT is not None:
+        causal_TT = torch.ones(T, T, dtype=torch.bool, device=q_BHTHd.device).tril()
+        mask_BTT = (doc_ids_BT[:, :, None] == doc_ids_BT[:, None, :]) & causal_TT
+        return F.scaled_dot_product_attention(
+            q_BHTHd, k_BGSHd, v_BGSHd, attn_mask=mask_BTT[:, None], scale=scale, enable_gqa=gqa
+        )
     if T == S:  # no cache, or an empty one: plain causal
         return F.scaled_dot_product_attention(
             q_BHTHd, k_BGSHd, v_BGSHd, is_causal=True, scale=scale, enable_gqa=gqa
@@ -143,20 +163,30 @@ class GroupedQueryAttention(nn.Module):
         nn.init.normal_(self.qkv.weight, std=std)
         nn.init.normal_(self.out.weight, std=out_std)
 
-    def forward(self, x_BTD: torch.Tensor, cache: dict | None = None, start: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        x_BTD: torch.Tensor,
+        cache: dict | None = None,
+        start: int = 0,
+        position_ids_BT: torch.Tensor | None = None,
+        doc_ids_BT: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         H, G, Hd = self.H, self.G, self.Hd
         q, k, v = self.qkv(x_BTD).split((H * Hd, G * Hd, G * Hd), dim=-1)
-        q_BHTHd = self.rope(q.view(B, T, H, Hd).transpose(1, 2), start)
-        k_BGTHd = self.rope(k.view(B, T, G, Hd).transpose(1, 2), start)
+        q_BHTHd = self.rope(q.view(B, T, H, Hd).transpose(1, 2), start, position_ids_BT)
+        k_BGTHd = self.rope(k.view(B, T, G, Hd).transpose(1, 2), start, position_ids_BT)
         k_BGSHd = _extend(cache, "k", k_BGTHd)
         v_BGSHd = _extend(cache, "v", v.view(B, T, G, Hd).transpose(1, 2))
-        o_BHTHd = _attend(q_BHTHd, k_BGSHd, v_BGSHd, start)
+        o_BHTHd = _attend(q_BHTHd, k_BGSHd, v_BGSHd, start, doc_ids_BT=doc_ids_BT)
         return self.out(o_BHTHd.transpose(1, 2).reshape(B, T, H * Hd))
 
 
-def _causal_conv(conv: nn.Conv1d, x_BCT: torch.Tensor, cache: dict | None, name: str) -> torch.Tensor:
-    """``conv`` over time, left-padded with the cached last K - 1 inputs (zeros at the sequence start)."""
+def _causal_conv(
+    conv: nn.Conv1d, x_BCT: torch.Tensor, cache: dict | None, name: str, same_BTK: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``conv`` over time, left-padded with the cached last K - 1 inputs (zeros at the sequence start).
+    ``same_BTK`` (no cache): tap k of output t reads input t - (K - 1 - k) only where that is True."""
     K = conv.kernel_size[0]
     prev = None if cache is None else cache.get(name)
     if prev is None:
@@ -164,7 +194,21 @@ def _causal_conv(conv: nn.Conv1d, x_BCT: torch.Tensor, cache: dict | None, name:
     x_in = torch.cat((prev, x_BCT), dim=2)
     if cache is not None:
         cache[name] = x_in[:, :, x_in.shape[2] - (K - 1) :]
-    return conv(x_in)
+    if same_BTK is None:
+        return conv(x_in)
+    # The same grouped convolution written out over the K taps, each window masked per output position.
+    B, C, T = x_BCT.shape
+    groups = conv.groups
+    win_BNiTK = (x_in.unfold(2, K, 1) * same_BTK[:, None].to(x_in.dtype)).view(B, groups, C // groups, T, K)
+    w_NoiK = conv.weight.view(groups, conv.out_channels // groups, C // groups, K)
+    return torch.einsum("bnitk,noik->bnot", win_BNiTK, w_NoiK).reshape(B, conv.out_channels, T)
+
+
+def same_document_taps(doc_ids_BT: torch.Tensor, K: int) -> torch.Tensor:
+    """``same_BTK[b, t, k]``: token t - (K - 1 - k) exists and is in token t's document."""
+    pad_BT = torch.full_like(doc_ids_BT[:, : K - 1], -1)
+    windows_BTK = torch.cat((pad_BT, doc_ids_BT), dim=1).unfold(1, K, 1)
+    return windows_BTK == doc_ids_BT[:, :, None]
 
 
 class CompressedConvolutionalAttention(nn.Module):
@@ -212,10 +256,20 @@ class CompressedConvolutionalAttention(nn.Module):
             conv.weight[channel, channel % per_group, -1] += 1.0
         nn.init.constant_(self.temperature_H, math.sqrt(self.Hd))
 
-    def forward(self, x_BTD: torch.Tensor, cache: dict | None = None, start: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        x_BTD: torch.Tensor,
+        cache: dict | None = None,
+        start: int = 0,
+        position_ids_BT: torch.Tensor | None = None,
+        doc_ids_BT: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         H, G, Hd = self.H, self.G, self.Hd
         q, k, v = self.qkv(x_BTD).split((H * Hd, G * Hd, G * Hd), dim=-1)
+        same_BTK = (
+            None if doc_ids_BT is None else same_document_taps(doc_ids_BT, self.conv_seq.kernel_size[0])
+        )
 
         # Two value streams: the second half of each head is the previous token's.
         v_BTGHd = v.view(B, T, G, Hd)
@@ -225,6 +279,8 @@ class CompressedConvolutionalAttention(nn.Module):
         if prev is None:
             prev = v_prev_src.new_zeros(B, 1, G, Hd - half)
         v_prev = torch.cat((prev, v_prev_src[:, :-1]), dim=1)
+        if doc_ids_BT is not None:  # a document's first token gets zeros, as at the sequence start
+            v_prev = v_prev * (same_document_taps(doc_ids_BT, 2)[:, :, 0, None, None]).to(v_prev.dtype)
         if cache is not None:
             cache["v_shift"] = v_prev_src[:, -1:]
         v_BGTHd = torch.cat((v_now, v_prev), dim=-1).transpose(1, 2)
@@ -232,7 +288,11 @@ class CompressedConvolutionalAttention(nn.Module):
         # Causal convolutions over the packed q|k, then the q-k mean skip path.
         qk_BCT = torch.cat((q, k), dim=-1).transpose(1, 2)
         qk_BCT = _causal_conv(
-            self.conv_mix, _causal_conv(self.conv_seq, qk_BCT, cache, "conv_seq"), cache, "conv_mix"
+            self.conv_mix,
+            _causal_conv(self.conv_seq, qk_BCT, cache, "conv_seq", same_BTK),
+            cache,
+            "conv_mix",
+            same_BTK,
         )
         q_conv, k_conv = qk_BCT.transpose(1, 2).split((H * Hd, G * Hd), dim=-1)
         mean_BTGHd = 0.5 * (q.view(B, T, G, H // G, Hd).mean(dim=3) + k.view(B, T, G, Hd))
@@ -241,10 +301,11 @@ class CompressedConvolutionalAttention(nn.Module):
 
         q_BHTHd = F.normalize(q_BTHHd.transpose(1, 2), dim=-1) * self.temperature_H[:, None, None].to(q.dtype)
         k_BGTHd = F.normalize(k_BTGHd.transpose(1, 2), dim=-1)
-        q_BHTHd, k_BGTHd = self.rope(q_BHTHd, start), self.rope(k_BGTHd, start)
+        q_BHTHd = self.rope(q_BHTHd, start, position_ids_BT)
+        k_BGTHd = self.rope(k_BGTHd, start, position_ids_BT)
         k_BGSHd = _extend(cache, "k", k_BGTHd)
         v_BGSHd = _extend(cache, "v", v_BGTHd)
-        o_BHTHd = _attend(q_BHTHd, k_BGSHd, v_BGSHd, start, scale=1.0)
+        o_BHTHd = _attend(q_BHTHd, k_BGSHd, v_BGSHd, start, scale=1.0, doc_ids_BT=doc_ids_BT)
         return self.out(o_BHTHd.transpose(1, 2).reshape(B, T, H * Hd))
 
 

@@ -81,8 +81,11 @@ class Block(nn.Module):
         router_state_TR: torch.Tensor | None = None,
         cache: dict | None = None,
         start: int = 0,
+        position_ids_BT: torch.Tensor | None = None,
+        doc_ids_BT: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, MoEOutput]:
-        x_BTD = self.attn_add(x_BTD, self.attn(self.attn_norm(x_BTD), cache, start))
+        attn = self.attn(self.attn_norm(x_BTD), cache, start, position_ids_BT, doc_ids_BT)
+        x_BTD = self.attn_add(x_BTD, attn)
         moe = self.moe(self.moe_norm(x_BTD), router_state_TR)
         return self.moe_add(x_BTD, moe.y_BTD), moe
 
@@ -128,20 +131,32 @@ class ZayaLM(nn.Module):
         """An empty decoding cache for ``forward(ids, cache=...)``."""
         return KVCache(len(self.blocks))
 
-    def forward(self, input_ids_BT: torch.Tensor, cache: KVCache | None = None) -> LMOutput:
+    def forward(
+        self,
+        input_ids_BT: torch.Tensor,
+        cache: KVCache | None = None,
+        position_ids_BT: torch.Tensor | None = None,
+        doc_ids_BT: torch.Tensor | None = None,
+    ) -> LMOutput:
         """Logits of every position. With ``cache`` the tokens continue the cached sequence (positions
-        start at ``cache.length``) and the cache is extended: prefill and incremental decoding."""
+        start at ``cache.length``) and the cache is extended: prefill and incremental decoding.
+
+        Packed documents (training, no cache): ``position_ids_BT`` replaces the positions 0..T-1 given to
+        RoPE (restart at each document); ``doc_ids_BT`` keeps every token inside its own document (attention
+        mask, and CCA's convolutions). Both come from ``zaya_pipeline.data.loader.boundary_fields``."""
         start = 0 if cache is None else cache.length
         seq_len = start + input_ids_BT.shape[1]
         if seq_len > self.cfg.max_seq_len:
             raise ConfigError(
                 f"input of {seq_len} tokens is longer than model.max_seq_len={self.cfg.max_seq_len}"
             )
+        if cache is not None and (position_ids_BT is not None or doc_ids_BT is not None):
+            raise ValueError("position_ids_BT / doc_ids_BT are for packed training sequences, not a cache")
         x_BTD = self.embed(input_ids_BT)
         aux_losses, z_losses, counts, dropped, router_state_TR = [], [], [], [], None
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache.layers[i]
-            x_BTD, moe = block(x_BTD, router_state_TR, layer_cache, start)
+            x_BTD, moe = block(x_BTD, router_state_TR, layer_cache, start, position_ids_BT, doc_ids_BT)
             aux_losses.append(moe.aux_loss)
             z_losses.append(moe.z_loss)
             counts.append(moe.num_tokens_per_expert_E)

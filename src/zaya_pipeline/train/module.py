@@ -24,6 +24,13 @@ from zaya_pipeline.utils import get_logger
 log = get_logger("train")
 
 
+def boundary_kwargs(batch: dict, rows: slice = slice(None)) -> dict:
+    """The model's ``position_ids_BT`` / ``doc_ids_BT`` for ``rows`` of a batch that carries them
+    (``train.data.doc_boundaries``); none for a plain packed batch."""
+    names = {"position_ids": "position_ids_BT", "doc_ids": "doc_ids_BT"}
+    return {arg: batch[key][rows] for key, arg in names.items() if key in batch}
+
+
 def lm_loss(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy in nats, computed in fp32 whatever the training precision."""
     return F.cross_entropy(logits_BTV.flatten(0, 1).float(), labels_BT.flatten())
@@ -79,7 +86,8 @@ class ZayaLitModule(L.LightningModule):
         for start in range(0, B, mb):
             if self.parallelized:  # FSDP2: reduce-scatter the gradients once, after the last micro-batch
                 self.model.set_requires_gradient_sync(start + mb >= B)
-            out = self.model(ids_BT[start : start + mb])
+            rows = slice(start, start + mb)
+            out = self.model(ids_BT[rows], **boundary_kwargs(batch, rows))
             chunk_ce = lm_loss(out.logits, labels_BT[start : start + mb])
             share = min(mb, B - start) / B
             self.manual_backward((chunk_ce + out.aux_loss) * share)
@@ -121,7 +129,7 @@ class ZayaLitModule(L.LightningModule):
         }
 
     def validation_step(self, batch: dict, batch_idx: int) -> dict:
-        ce = lm_loss(self.model(batch["input_ids"]).logits, batch["labels"])
+        ce = lm_loss(self.model(batch["input_ids"], **boundary_kwargs(batch)).logits, batch["labels"])
         return {"ce": ce, "tokens": batch["labels"].numel()}
 
     def configure_optimizers(self) -> dict:

@@ -238,7 +238,7 @@ def train(cfg: ZayaConfig) -> dict:
     import lightning as L
     from lightning.pytorch.loggers import MLFlowLogger
 
-    from zaya_pipeline.registry.tracking import setup_mlflow, tracking_uri
+    from zaya_pipeline.registry.tracking import run_tags, setup_mlflow, tracking_uri
     from zaya_pipeline.train.callbacks import TrainTelemetry
     from zaya_pipeline.train.checkpointing import Checkpointing
     from zaya_pipeline.train.data import TokenDataModule, source_dirs
@@ -296,6 +296,7 @@ def train(cfg: ZayaConfig) -> dict:
             run_name=cfg.registry.run_name or None,
             tracking_uri=uri,
             log_model=False,
+            tags=run_tags(),  # a sweep's child, a DVC experiment's name
         )
     else:
         from lightning.pytorch.loggers.logger import DummyLogger
