@@ -11,7 +11,7 @@ export DVC_NO_ANALYTICS := 1
 export DO_NOT_TRACK := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run test test-fast lint format params ui clean
+.PHONY: help setup browser run test test-fast lint format params ui clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -24,11 +24,19 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) ## create .venv and install the pinned package (CPU torch, Triton for the interpreter)
 
+browser: ## Debian's chromium + chromedriver for the MLflow UI test (apt-get, as root; skipped elsewhere)
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		echo "installing chromium and chromium-driver (Debian) for the MLflow UI test"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			chromium chromium-driver >/dev/null; \
+	else echo "no chromium: the MLflow UI test will be skipped (apt-get install chromium chromium-driver)"; fi
+
 run: setup ## run the whole pipeline on the embedded default (dvc repro) and say where the results are
 	$(BIN)/dvc repro
 	$(BIN)/zaya summary --params params.yaml
 
-test: setup ## the test suite CI runs (everything not marked gpu)
+test: setup browser ## the test suite CI runs (everything not marked gpu)
 	$(BIN)/python -m pytest -m "not gpu"
 
 test-fast: setup ## the suite without slow tests

@@ -111,31 +111,43 @@ def _run_hydra(stage: str, argv: list[str]) -> None:
     from hydra.types import RunMode
 
     from zaya_pipeline.config import config_dir, to_schema
+    from zaya_pipeline.sweep import OBJECTIVE, finish_active, job_paths, job_run_name
 
     conf = config_dir()
 
     command_line = list(sys.argv)
 
     @hydra.main(config_path=str(conf), config_name="config", version_base="1.3")
-    def app(raw: Any) -> None:
+    def app(raw: Any) -> float | None:
         # Hydra has parsed its argv: restore the real command line, which Lightning re-runs to launch the
         # other processes of a multi-process run (parallel.devices > 1).
         sys.argv = command_line
+        hc = HydraConfig.get()
+        if hc.mode != RunMode.MULTIRUN:
+            try:
+                _call(stage, to_schema(raw, origin=f"{conf}/config.yaml"))
+            except ZayaError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                sys.exit(exc.exit_code)
+            return None
+        # A sweep job (sweep.py): its own train outputs and reports under its folder, an MLflow run named
+        # after its overrides. Errors are raised, not exited on: Hydra marks the job failed and runs the next.
+        cfg = to_schema(raw, origin=f"{conf}/config.yaml")
+        train_dir, reports = job_paths(Path(hc.runtime.output_dir))
+        cfg.paths.train, cfg.paths.reports = str(train_dir), str(reports)
+        cfg.registry.run_name = cfg.registry.run_name or job_run_name(list(hc.overrides.task), hc.job.num)
         try:
-            cfg = to_schema(raw, origin=f"{conf}/config.yaml")
-            hc = HydraConfig.get()
-            if hc.mode == RunMode.MULTIRUN:
-                # Each sweep job writes its own train outputs and reports under the sweep folder.
-                out = Path(hc.runtime.output_dir)
-                cfg.paths.train = str(out / "train")
-                cfg.paths.reports = str(out / "reports")
-            _call(stage, cfg)
+            result = _call(stage, cfg)
         except ZayaError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            sys.exit(exc.exit_code)
+            log.error("sweep job #%s failed: %s", hc.job.num, exc)
+            raise
+        return result.get(OBJECTIVE)  # what Optuna minimises (the basic sweeper ignores it)
 
     sys.argv = [f"zaya {stage}", *argv]
-    app()
+    try:
+        app()
+    finally:
+        finish_active()  # a sweep whose job failed still gets its summary and a closed parent run
 
 
 def _params_command(argv: list[str]) -> None:

@@ -20,13 +20,34 @@ DEFAULT_ARTIFACTS = "mlartifacts"
 
 
 def tracking_uri(cfg: RegistryConfig) -> str:
-    """``registry.tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db``."""
+    """``registry.tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<root>/mlflow.db``.
+
+    ``<root>`` is ``$DVC_ROOT`` when DVC runs the stage (DVC points it at the repo the user works in, also
+    for a queued ``dvc exp run``, which runs in a temporary copy), else the working directory: every
+    experiment lands in the one store that ``make ui`` opens.
+    """
     if cfg.tracking_uri:
         return cfg.tracking_uri
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
         return env
-    return f"sqlite:///{Path.cwd().resolve() / DEFAULT_DB}"
+    root = Path(os.environ.get("DVC_ROOT") or Path.cwd())
+    return f"sqlite:///{root.resolve() / DEFAULT_DB}"
+
+
+def run_tags() -> dict[str, str]:
+    """Tags for a training run from its environment: the parent run of a Hydra sweep (``sweep.py``), and the
+    name and baseline commit of the DVC experiment that runs it (``dvc exp run`` sets both)."""
+    from zaya_pipeline.sweep import PARENT_ENV
+
+    env, tags = os.environ, {}
+    if env.get(PARENT_ENV):
+        tags.update({"mlflow.parentRunId": env[PARENT_ENV], "zaya.sweep": "child"})
+    if env.get("DVC_EXP_NAME"):
+        tags["dvc.exp_name"] = env["DVC_EXP_NAME"]
+    if env.get("DVC_EXP_BASELINE_REV"):
+        tags["dvc.baseline_rev"] = env["DVC_EXP_BASELINE_REV"]
+    return tags
 
 
 def setup_mlflow(cfg: RegistryConfig) -> str:

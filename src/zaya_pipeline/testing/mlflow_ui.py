@@ -1,0 +1,139 @@
+"""The MLflow UI in a headless browser, for the UI test and the user guide's screenshots.
+
+* :func:`mlflow_server` starts ``mlflow server`` on a free local port against a store (in its own process
+  group, job execution off: ~0.5 GB instead of ~2.6 GB, ../shared/FACTS.md) and stops it afterwards;
+* :func:`chromium` drives Debian's Chromium through Selenium and its ChromeDriver (``apt-get install chromium
+  chromium-driver``; no browser download, no network);
+* :func:`open_runs` opens an experiment's run table and waits until a run name shows; :func:`expand_run`
+  unfolds a parent run (a sweep) so its child runs are listed.
+
+The page structure used here (AG Grid rows, the expander button in the "Run Name" cell) is MLflow 3.17's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+# Flags for root in a container with no network: Chromium's background connections would only fail.
+CHROMIUM_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+
+
+def browser_missing() -> str:
+    """Why the browser cannot run here ("" when it can)."""
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not Path(p).is_file()]
+    if missing:
+        return f"{' and '.join(missing)} not installed (apt-get install chromium chromium-driver)"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[dev]')"
+    return ""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def mlflow_server(backend_uri: str, artifacts: Path, timeout_s: float = 120.0) -> Iterator[str]:
+    """``mlflow server`` on 127.0.0.1; yields its base URL once ``/health`` answers."""
+    port = free_port()
+    mlflow = Path(sys.executable).parent / "mlflow"
+    cmd = [str(mlflow), "server", "--backend-store-uri", backend_uri, "--default-artifact-root"]
+    cmd += [artifacts.resolve().as_uri(), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    log = artifacts.parent / f"mlflow_server_{port}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"mlflow server did not start on {url}; its log:\n{log.read_text()[-3000:]}"
+                )
+            time.sleep(0.5)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@contextlib.contextmanager
+def chromium(width: int = 1600, height: int = 1000) -> Iterator:
+    """A headless Chromium WebDriver (Selenium), closed afterwards."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for flag in (*CHROMIUM_FLAGS, f"--window-size={width},{height}"):
+        options.add_argument(flag)
+    options.binary_location = CHROMIUM
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def open_runs(driver, base_url: str, experiment_id: str, run_name: str, timeout_s: float = 60.0):
+    """Open the experiment's run table; returns the link of the run named ``run_name`` once it shows."""
+    driver.get(f"{base_url}/#/experiments/{experiment_id}/runs")
+    return wait_for_run(driver, run_name, timeout_s)
+
+
+def wait_for_run(driver, run_name: str, timeout_s: float = 60.0):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    xpath = f"//a[normalize-space()={_xpath_literal(run_name)}]"
+    return WebDriverWait(driver, timeout_s).until(EC.presence_of_element_located((By.XPATH, xpath)))
+
+
+def expand_run(driver, run_link) -> None:
+    """Click the expander of the parent run whose name link is ``run_link`` (lists its child runs)."""
+    from selenium.webdriver.common.by import By
+
+    cell = run_link.find_element(By.XPATH, "./ancestor::div[@role='gridcell']")
+    cell.find_element(By.TAG_NAME, "button").click()
+
+
+def _xpath_literal(text: str) -> str:
+    if "'" not in text:
+        return f"'{text}'"
+    return "concat(" + ', "\'", '.join(f"'{part}'" for part in text.split("'")) + ")"
