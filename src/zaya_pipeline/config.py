@@ -100,9 +100,13 @@ class TokenizerConfig:
     vocab_size: int = 4096  # BPE target size before padding (tokens)
     min_frequency: int = 2
     pad_to_multiple: int = 64  # the final vocabulary is padded with unused tokens to a multiple of this
-    max_train_docs: int = 0  # train on the first N curated documents; 0 = all
-    eos_token: str = "<|endoftext|>"  # appended to every document; also used as BOS
+    max_train_docs: int = 0  # train on the first N (sampled) curated documents, in file order; 0 = all
+    eos_token: str = "<|endoftext|>"  # appended to every document; the next document starts after it
     pad_token: str = "<|pad|>"
+    bos_token: str = ""  # prepended to every document when set (e.g. "<|bos|>"); "" = none, EOS separates
+    # Share of the curated documents (picked by a hash of their id, so spread over every file) the BPE is
+    # trained on: a big corpus needs only a sample. max_train_docs then caps the sample's size.
+    sample_fraction: float = 1.0
 
 
 @dataclass

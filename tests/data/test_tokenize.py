@@ -150,25 +150,41 @@ def test_rerun_rewrites_identical_shards(stage):
     assert after == before and json.loads((tmp / "tokens" / "meta.json").read_text()) == meta
 
 
-def test_big_vocab_writes_uint32_tokens(stage, tmp_path):
+def test_zaya1_sized_vocab_writes_uint32_tokens(stage, tmp_path):
     src, _, docs, tok, _, _ = stage
     cfg = make_cfg(
         tmp_path,
         f"paths.curated={src}/curated",
         f"tokenizer.path={src}/tokenizer/tokenizer.json",
-        "tokenizer.pad_to_multiple=65600",  # > 65,536 ids: datatrove switches to 4-byte tokens
+        "tokenizer.pad_to_multiple=262272",  # ZAYA1's vocabulary; > 65,536 ids: 4-byte tokens
         "data.tokenize.shuffle=false",
     )
     train_tokenizer(cfg)
     tokenize(cfg)
     meta = json.loads((tmp_path / "tokens" / "meta.json").read_text())
-    assert meta["vocab_size"] == 65600 and meta["token_dtype"] == "uint32"
+    assert meta["vocab_size"] == 262272 and meta["token_dtype"] == "uint32"
     train = load_split(tmp_path / "tokens", "train")
     assert train.dtype == np.uint32 and len(train) == meta["splits"]["train"]["tokens"]
     assert sum(f.stat().st_size for f in (tmp_path / "tokens" / "train").glob("*.ds")) == 4 * len(train)
     first = next(d for d in docs if split_of(d["id"], VAL_FRACTION, 3) == "train")  # unshuffled: file order
     ids = tok.encode(first["text"]).ids + [meta["eos_id"]]
     assert train[: len(ids)].tolist() == ids
+
+
+def test_bos_token_starts_every_document(stage, tmp_path):
+    src, _, docs, _, _, _ = stage
+    cfg = make_cfg(tmp_path, f"paths.curated={src}/curated", "tokenizer.bos_token='<|bos|>'")
+    train_tokenizer(cfg)
+    tokenize(cfg)
+    meta = json.loads((tmp_path / "tokens" / "meta.json").read_text())
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer" / "tokenizer.json"))
+    bos, eos = meta["bos_id"], meta["eos_id"]
+    assert bos == tok.token_to_id("<|bos|>") and bos != eos
+    shard_docs = read_docs(tmp_path / "tokens" / "train", meta["token_dtype"])
+    assert all(d[0] == bos and d[-1] == eos and bos not in d[1:] for d in shard_docs)
+    decoded = Counter(tok.decode(d[1:-1], skip_special_tokens=False) for d in shard_docs)
+    assert decoded == Counter(d["text"] for d in docs if split_of(d["id"], VAL_FRACTION, 3) == "train")
+    assert stage[4]["bos_id"] is None, "no bos by default"
 
 
 def test_more_tasks_than_files_leaves_no_empty_shards(stage, tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from zaya_pipeline.config import load_config
-from zaya_pipeline.data.tokenizer import load_tokenizer, train_tokenizer
+from zaya_pipeline.data.tokenizer import in_sample, load_tokenizer, train_tokenizer, training_documents
 from zaya_pipeline.errors import ConfigError, DataError
 
 # fmt: off
@@ -126,6 +126,45 @@ def test_max_train_docs_takes_the_first_documents_in_sorted_file_order(tmp_path)
     assert meta["trained_on_chars"] == sum(len(d["text"]) for d in first)
 
 
+def test_sample_fraction_spreads_the_training_sample_over_every_file(tmp_path):
+    docs = make_docs(400, seed=3)
+    write_jsonl_gz(tmp_path / "curated" / "a.jsonl.gz", docs[:200])
+    write_jsonl_gz(tmp_path / "curated" / "b.jsonl.gz", docs[200:])
+    cfg = make_cfg(tmp_path, "tokenizer.sample_fraction=0.25")
+    sample = list(training_documents(cfg.paths.curated, cfg.tokenizer))
+    ids = [d["id"] for d in sample]
+    assert ids == [d["id"] for d in docs if in_sample(d, 0.25)], "the hash decides, in file order"
+    assert 60 < len(ids) < 140 and {"a", "b"} == {"a" if int(i[4:]) < 200 else "b" for i in ids}
+    assert set(ids) <= {d["id"] for d in docs if in_sample(d, 0.5)}, "a bigger sample contains a smaller one"
+    train_tokenizer(cfg)
+    meta = json.loads((tmp_path / "tokenizer" / "meta.json").read_text())
+    assert meta["trained_on_docs"] == len(sample)
+    assert meta["trained_on_chars"] == sum(len(d["text"]) for d in sample)
+    capped = make_cfg(tmp_path, "tokenizer.sample_fraction=0.25", "tokenizer.max_train_docs=10")
+    assert [d["id"] for d in training_documents(capped.paths.curated, capped.tokenizer)] == ids[:10]
+
+
+def test_bos_token_takes_the_id_after_eos_and_pad(trained, tmp_path):
+    tmp = trained[0]
+    cfg = make_cfg(tmp_path, f"paths.curated={tmp}/curated", "tokenizer.bos_token='<|bos|>'")
+    train_tokenizer(cfg)
+    tok, meta = load_tokenizer(tmp_path / "tokenizer")
+    assert (meta["eos_id"], meta["pad_id"], meta["bos_id"]) == (0, 1, 2) and meta["bos_token"] == "<|bos|>"
+    assert tok.token_to_id("<|bos|>") == 2 and meta["vocab_size"] % 64 == 0
+    assert json.loads((tmp / "tokenizer" / "meta.json").read_text())["bos_id"] is None, "off by default"
+    user = _user_tokenizer(tmp_path / "user.json", ["<|endoftext|>"])
+    user_cfg = make_cfg(
+        tmp_path,
+        f"paths.curated={tmp}/curated",
+        f"paths.tokenizer={tmp_path}/user_tok",
+        f"tokenizer.path={tmp_path}/user.json",
+        "tokenizer.bos_token='<|bos|>'",
+    )
+    train_tokenizer(user_cfg)
+    _, user_meta = load_tokenizer(tmp_path / "user_tok")
+    assert (user_meta["pad_id"], user_meta["bos_id"]) == (user.get_vocab_size(), user.get_vocab_size() + 1)
+
+
 def _user_tokenizer(path: Path, specials: list[str]) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -186,3 +225,7 @@ def test_bad_tokenizer_config_is_a_config_error(tmp_path):
         train_tokenizer(make_cfg(tmp_path, "tokenizer.vocab_size=100"))
     with pytest.raises(ConfigError, match=r"tokenizer\.eos_token"):
         train_tokenizer(make_cfg(tmp_path, "tokenizer.pad_token='<|endoftext|>'"))
+    with pytest.raises(ConfigError, match=r"tokenizer\.bos_token \('<\|pad\|>'"):
+        train_tokenizer(make_cfg(tmp_path, "tokenizer.bos_token='<|pad|>'"))
+    with pytest.raises(ConfigError, match=r"tokenizer\.sample_fraction must be in \(0, 1\], got 0\.0"):
+        train_tokenizer(make_cfg(tmp_path, "tokenizer.sample_fraction=0"))

@@ -20,6 +20,7 @@ from datatrove.executor import LocalPipelineExecutor
 from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.tokens import DocumentTokenizer
+from tokenizers.processors import TemplateProcessing
 
 from zaya_pipeline.config import TokenizeConfig, ZayaConfig
 from zaya_pipeline.data.loader import read_shards, token_counts
@@ -56,16 +57,27 @@ class SplitFilter(BaseFilter):
 
 
 class SafeDocumentTokenizer(DocumentTokenizer):
-    """``DocumentTokenizer`` that encodes special-token strings found in the text as plain text.
+    """``DocumentTokenizer`` that encodes special-token strings found in the text as plain text, and puts
+    ``bos_token`` (when given) before every document.
 
-    Otherwise a page that quotes ``<|endoftext|>`` would get a fake document boundary; the eos appended
-    after each document comes from the post-processor and is unaffected.
+    Otherwise a page that quotes ``<|endoftext|>`` would get a fake document boundary; the bos and eos around
+    each document come from the post-processor and are unaffected.
     """
+
+    def __init__(self, *args, bos_token: str = "", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.bos_token = bos_token
 
     @cached_property
     def tokenizer(self):  # noqa: ANN201 - the tokenizers type, imported lazily by datatrove
         tok = super().tokenizer
         tok.encode_special_tokens = True
+        if self.bos_token:
+            bos, eos = self.bos_token, self.eos_token
+            tok.post_processor = TemplateProcessing(
+                single=f"{bos} $A {eos}",
+                special_tokens=[(bos, tok.token_to_id(bos)), (eos, tok.token_to_id(eos))],
+            )
         return tok
 
 
@@ -93,9 +105,7 @@ def tokenize(cfg: ZayaConfig) -> dict:
     start = time.perf_counter()
     with atomic_dir(out_dir) as tmp:
         splits = {
-            split: _tokenize_split(
-                cfg, split, tok_file, tok_meta["eos_token"], tmp / split, logs / split, dtype
-            )
+            split: _tokenize_split(cfg, split, tok_file, tok_meta, tmp / split, logs / split, dtype)
             for split in SPLITS
         }
         nats = unigram_cross_entropy(
@@ -105,6 +115,7 @@ def tokenize(cfg: ZayaConfig) -> dict:
             "token_dtype": dtype,
             "vocab_size": tok_meta["vocab_size"],
             "eos_id": tok_meta["eos_id"],
+            "bos_id": tok_meta.get("bos_id"),  # None: documents have no BOS (tokenizer.bos_token)
             "val_fraction": tcfg.val_fraction,
             "split_seed": tcfg.split_seed,
             "splits": splits,
@@ -136,10 +147,12 @@ def unigram_cross_entropy(train, val, vocab_size: int) -> float:
     return float(-(val_counts @ log_p) / val_counts.sum())
 
 
-def _tokenize_split(cfg: ZayaConfig, split: str, tok_file: Path, eos: str, out: Path, logs: Path, dtype: str):
+def _tokenize_split(
+    cfg: ZayaConfig, split: str, tok_file: Path, tok_meta: dict, out: Path, logs: Path, dtype: str
+):
     """Tokenize one split into ``out``; return its {docs, tokens, bytes} counts."""
     start = time.perf_counter()
-    text_bytes = _run_split(cfg, split, tok_file, eos, out, logs)
+    text_bytes = _run_split(cfg, split, tok_file, tok_meta, out, logs)
     docs, tokens = _shard_counts(out, np.dtype(dtype).itemsize)
     if not docs:
         raise DataError(
@@ -150,7 +163,7 @@ def _tokenize_split(cfg: ZayaConfig, split: str, tok_file: Path, eos: str, out: 
     return {"docs": docs, "tokens": tokens, "bytes": text_bytes}
 
 
-def _run_split(cfg: ZayaConfig, split: str, tok_file: Path, eos: str, out: Path, logs: Path) -> int:
+def _run_split(cfg: ZayaConfig, split: str, tok_file: Path, tok_meta: dict, out: Path, logs: Path) -> int:
     """Run the datatrove pipeline of one split; return the UTF-8 bytes of the documents it kept."""
     tcfg = cfg.data.tokenize
     pipeline = [
@@ -159,7 +172,8 @@ def _run_split(cfg: ZayaConfig, split: str, tok_file: Path, eos: str, out: Path,
         SafeDocumentTokenizer(
             output_folder=str(out),
             tokenizer_name_or_path=str(tok_file),  # a file path: datatrove loads it locally, never the hub
-            eos_token=eos,
+            eos_token=tok_meta["eos_token"],
+            bos_token=tok_meta.get("bos_token") or "",
             shuffle_documents=tcfg.shuffle,
             seed=tcfg.split_seed,
             max_tokens_per_file=tcfg.max_tokens_per_file,

@@ -3,17 +3,21 @@
 Outputs (``paths.tokenizer``, written atomically)::
 
     tokenizer.json   HF ``tokenizers`` file; its size is a multiple of ``tokenizer.pad_to_multiple``
-    meta.json        vocab_size, eos_id, pad_id, eos_token, pad_token, source, trained_on_docs, ...
+    meta.json        vocab_size, eos_id, pad_id, bos_id (None without tokenizer.bos_token), the token strings,
+                     source, trained_on_docs, ...
 
 and the DVC metrics file ``paths.reports/tokenizer.json``. The model's embedding takes exactly ``vocab_size``
 rows, so the vocabulary is padded with never-produced special tokens (``<|unused_N|>``) to a size that tiles
-well on accelerators.
+well on accelerators. A big corpus is sampled (``tokenizer.sample_fraction``: documents picked by a hash of
+their id, so the sample spreads over every file; ``tokenizer.max_train_docs`` caps it).
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterable, Iterator
+from itertools import islice
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -51,7 +55,7 @@ def train_tokenizer(cfg: ZayaConfig) -> dict:
         docs = chars = 0
         source = tcfg.path
     else:
-        counter = _Counter(iter_documents(cfg.paths.curated, limit=tcfg.max_train_docs))
+        counter = _Counter(training_documents(cfg.paths.curated, tcfg))
         tok = train_bpe(counter, tcfg)
         docs, chars, source = counter.docs, counter.chars, "trained"
         if not docs:
@@ -64,8 +68,10 @@ def train_tokenizer(cfg: ZayaConfig) -> dict:
         "base_vocab_size": base_size,
         "eos_id": tok.token_to_id(tcfg.eos_token),
         "pad_id": tok.token_to_id(tcfg.pad_token),
+        "bos_id": tok.token_to_id(tcfg.bos_token) if tcfg.bos_token else None,
         "eos_token": tcfg.eos_token,
         "pad_token": tcfg.pad_token,
+        "bos_token": tcfg.bos_token,
         "source": source,
         "trained_on_docs": docs,
         "trained_on_chars": chars,
@@ -94,6 +100,22 @@ def train_tokenizer(cfg: ZayaConfig) -> dict:
     return {k: metrics[k] for k in ("vocab_size", "trained_on_docs", "sample_chars_per_token", "seconds")}
 
 
+def in_sample(doc: dict, fraction: float) -> bool:
+    """Whether a curated document is in the tokenizer's training sample: a stable hash of its id (of its text
+    when it has none) below ``fraction``."""
+    key = str(doc["id"]) if doc.get("id") is not None else doc["text"]
+    digest = hashlib.blake2b(key.encode(), digest_size=8, person=b"zaya-bpe").digest()
+    return int.from_bytes(digest, "little") < fraction * 2**64
+
+
+def training_documents(curated: str | Path, tcfg: TokenizerConfig) -> Iterator[dict]:
+    """The curated documents the BPE learns from, in file order: the sample, then the first max_train_docs."""
+    docs = iter_documents(curated)
+    if tcfg.sample_fraction < 1.0:
+        docs = (d for d in docs if in_sample(d, tcfg.sample_fraction))
+    return islice(docs, tcfg.max_train_docs) if tcfg.max_train_docs else docs
+
+
 def train_bpe(texts: Iterable[str], tcfg: TokenizerConfig) -> Tokenizer:
     """Byte-level BPE: every byte is in the alphabet and nothing is normalized, so decoding is exact."""
     tok = Tokenizer(models.BPE())
@@ -102,7 +124,7 @@ def train_bpe(texts: Iterable[str], tcfg: TokenizerConfig) -> Tokenizer:
     trainer = trainers.BpeTrainer(
         vocab_size=tcfg.vocab_size,
         min_frequency=tcfg.min_frequency,
-        special_tokens=[tcfg.eos_token, tcfg.pad_token],
+        special_tokens=special_tokens(tcfg),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -115,7 +137,7 @@ def train_bpe(texts: Iterable[str], tcfg: TokenizerConfig) -> Tokenizer:
 
 
 def load_user_tokenizer(tcfg: TokenizerConfig) -> Tokenizer:
-    """Read ``tokenizer.path``; it must parse and hold the eos token. A missing pad token is added."""
+    """Read ``tokenizer.path``; it must parse and hold the eos token. Missing pad / bos tokens are added."""
     path = Path(tcfg.path)
     if not path.is_file():
         raise DataError(f"tokenizer.path: file {path} does not exist")
@@ -133,10 +155,16 @@ def load_user_tokenizer(tcfg: TokenizerConfig) -> Tokenizer:
         raise DataError(
             f"tokenizer.path: {path} has gaps in its token ids (max id {max(ids)}, {len(ids)} tokens)"
         )
-    if tok.token_to_id(tcfg.pad_token) is None:
-        log.info("%s has no pad token %r: adding it", path, tcfg.pad_token)
-        tok.add_special_tokens([tcfg.pad_token])
+    for name in special_tokens(tcfg)[1:]:
+        if tok.token_to_id(name) is None:
+            log.info("%s has no token %r: adding it", path, name)
+            tok.add_special_tokens([name])
     return tok
+
+
+def special_tokens(tcfg: TokenizerConfig) -> list[str]:
+    """eos, pad and (when configured) bos, in the order they take ids."""
+    return [tcfg.eos_token, tcfg.pad_token] + ([tcfg.bos_token] if tcfg.bos_token else [])
 
 
 def pad_vocab(tok: Tokenizer, multiple: int) -> int:
@@ -185,17 +213,20 @@ def _compression_sample(tok: Tokenizer, curated: str) -> tuple[int, int, int]:
 
 
 def _check_config(tcfg: TokenizerConfig) -> None:
-    if not tcfg.eos_token or not tcfg.pad_token or tcfg.eos_token == tcfg.pad_token:
+    if not tcfg.eos_token or not tcfg.pad_token or len(set(special_tokens(tcfg))) < len(special_tokens(tcfg)):
         raise ConfigError(
-            f"tokenizer.eos_token ({tcfg.eos_token!r}) and tokenizer.pad_token ({tcfg.pad_token!r}) must be "
-            "two different non-empty strings"
+            f"tokenizer.eos_token ({tcfg.eos_token!r}), tokenizer.pad_token ({tcfg.pad_token!r}) and "
+            f"tokenizer.bos_token ({tcfg.bos_token!r}, may be empty) must be different non-empty strings"
         )
+    if not 0.0 < tcfg.sample_fraction <= 1.0:
+        raise ConfigError(f"tokenizer.sample_fraction must be in (0, 1], got {tcfg.sample_fraction}")
     if tcfg.pad_to_multiple < 1:
         raise ConfigError(f"tokenizer.pad_to_multiple must be >= 1, got {tcfg.pad_to_multiple}")
     if tcfg.max_train_docs < 0:
         raise ConfigError(f"tokenizer.max_train_docs must be >= 0 (0 = all), got {tcfg.max_train_docs}")
-    if not tcfg.path and tcfg.vocab_size <= BYTE_ALPHABET + 2:
+    n_special = len(special_tokens(tcfg))
+    if not tcfg.path and tcfg.vocab_size <= BYTE_ALPHABET + n_special:
         raise ConfigError(
-            f"tokenizer.vocab_size must exceed {BYTE_ALPHABET + 2} (256 byte tokens + eos + pad), "
-            f"got {tcfg.vocab_size}"
+            f"tokenizer.vocab_size must exceed {BYTE_ALPHABET + n_special} (256 byte tokens + "
+            f"{n_special} special tokens), got {tcfg.vocab_size}"
         )
