@@ -120,3 +120,40 @@ def test_dvc_exp_run_composes_hydra_overrides(workspace):
 
     saved = torch.load(workspace / "artifacts" / "train" / "model.pt", map_location="cpu", weights_only=False)
     assert saved["model_config"]["moe"]["num_experts"] == 8
+
+
+def test_a_queued_dvc_exp_sweep_lands_in_mlflow_and_dvc_exp_show(workspace):
+    """Two learning rates queued with `dvc exp run --queue -S` and run with `--run-all` (each in a temporary
+    copy of the repo): both appear in `dvc exp show` with their metrics, in `dvc plots diff`, and as MLflow
+    runs tagged with their DVC experiment names in the repo's own store (DVC_ROOT, not the temp copies)."""
+    from mlflow import MlflowClient
+
+    run(["git", "add", "-A"], workspace)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "baseline"], workspace)
+    dvc = str(BIN / "dvc")
+    run([dvc, "exp", "run", "--queue", "-S", "experiment=debug", "-S", "train.optim.lr=0.003,0.02"], workspace)
+    run([dvc, "exp", "run", "--run-all"], workspace, timeout=1800)
+
+    client = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("zaya_pipeline_debug")
+    runs = client.search_runs([exp.experiment_id], "tags.`dvc.exp_name` != ''", max_results=100)
+    by_lr = {r.data.params["train.optim.lr"]: r.data.tags["dvc.exp_name"] for r in runs}
+    assert {"0.003", "0.02"} <= set(by_lr), by_lr
+    names = [by_lr["0.003"], by_lr["0.02"]]
+
+    shown = json.loads(run([dvc, "exp", "show", "--json"], workspace).strip().splitlines()[-1])
+    exps = {}
+    for baseline in shown:
+        for e in baseline.get("experiments") or []:
+            for rev in e["revs"]:
+                if rev.get("name") in names:
+                    exps[rev["name"]] = rev["data"]
+    assert set(exps) == set(names), list(exps)
+    for name, lr in zip(names, (0.003, 0.02), strict=True):
+        params = exps[name]["params"]["params.yaml"]["data"]
+        assert params["train"]["optim"]["lr"] == lr
+        assert exps[name]["metrics"]["reports/metrics.json"]["data"]["val_loss"] > 0
+
+    diff = json.loads(run([dvc, "plots", "diff", *names, "--json"], workspace).strip().splitlines()[-1])
+    revs = {d["rev"] for d in diff["reports/plots/train.csv"] for d in d["datapoints"].get("dvc_data", [])}
+    assert set(names) <= revs, revs

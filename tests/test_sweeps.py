@@ -76,7 +76,8 @@ def test_a_sweep_is_a_parent_run_with_one_child_run_per_job(grid):
     assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
     combos = {(c.data.params["model.moe.num_experts"], c.data.params["train.optim.lr"]) for c in children}
     assert combos == {("2", "0.001"), ("2", "0.01"), ("4", "0.001"), ("4", "0.01")}
-    assert all(c.info.run_name.startswith("#") and "train.optim.lr=" in c.info.run_name for c in children)
+    names = sorted(c.info.run_name for c in children)  # the job number and the swept values only
+    assert names[0] == "#0 model.moe.num_experts=2 train.optim.lr=0.001", names
     # the parent carries the best child's metrics and points at it
     best = min(children, key=lambda c: c.data.metrics["final/val_loss"])
     assert parent.data.tags["zaya.best_run_id"] == best.info.run_id

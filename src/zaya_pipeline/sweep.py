@@ -30,6 +30,7 @@ from hydra.experimental.callback import Callback
 from zaya_pipeline.utils import get_logger, read_json
 
 PARENT_ENV = "ZAYA_SWEEP_PARENT_RUN_ID"  # read by train.run to make its MLflow run a child of the sweep
+KEYS_ENV = "ZAYA_SWEEP_KEYS"  # the swept keys, comma-separated: a job's run name shows only their values
 METRICS = ("val_loss", "val_ppl", "val_over_unigram", "tokens_per_s", "steps")  # from reports/train.json
 OBJECTIVE = "val_loss"  # lower is better; what "best" means in the summary and for Optuna
 
@@ -82,6 +83,7 @@ class SweepCallback(Callback):
         client.log_param(self.parent_run_id, "sweep.overrides", " ".join(task_overrides)[:6000])
         client.log_param(self.parent_run_id, "sweep.sweeper", str(config.hydra.sweeper.get("_target_", "")))
         os.environ[PARENT_ENV] = self.parent_run_id
+        os.environ[KEYS_ENV] = ",".join(swept_keys(task_overrides, config.hydra.sweeper.get("params")))
         _active = self
         log.info(
             "sweep %s: MLflow parent run %s in %s", self.sweep_dir, self.parent_run_id, self.tracking_uri
@@ -119,6 +121,7 @@ class SweepCallback(Callback):
         self.finished = True
         _active = None
         os.environ.pop(PARENT_ENV, None)
+        os.environ.pop(KEYS_ENV, None)
         from mlflow import MlflowClient
 
         table = summary_table(self.jobs)
@@ -149,9 +152,22 @@ def job_paths(job_dir: Path) -> tuple[Path, Path]:
     return job_dir / "train", job_dir / "reports"
 
 
+def swept_keys(task_overrides: list[str], sweeper_params: Any = None) -> list[str]:
+    """Keys a sweep varies: command-line sweeps (``a=1,2``, ``choice(...)``, ``range(...)``, ...) and the
+    sweeper's own ``params`` (experiment presets, Optuna search spaces)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(task_overrides))
+    keys = [o.key_or_group for o in parsed if o.is_sweep_override()]
+    return keys + [str(k) for k in (sweeper_params or {}) if str(k) not in keys]
+
+
 def job_run_name(overrides: list[str], num: int) -> str:
-    """The MLflow run name of sweep job ``num``: its number and overrides."""
-    return f"#{num} " + " ".join(overrides)
+    """The MLflow run name of sweep job ``num``: its number and the values of the swept keys (all its
+    overrides when they are unknown)."""
+    keys = [k for k in os.environ.get(KEYS_ENV, "").split(",") if k]
+    shown = [o for o in overrides if o.partition("=")[0] in keys] if keys else overrides
+    return f"#{num} " + " ".join(shown or overrides)
 
 
 def finish_active() -> None:

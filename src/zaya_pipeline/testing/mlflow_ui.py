@@ -133,6 +133,21 @@ def expand_run(driver, run_link) -> None:
     cell.find_element(By.TAG_NAME, "button").click()
 
 
+def close_assistant(driver) -> None:
+    """Close MLflow's assistant side panel, if it is open (it takes a third of the page)."""
+    from selenium.webdriver.common.by import By
+
+    for button in driver.find_elements(By.CSS_SELECTOR, "button[data-component-id$='chat_panel.close']"):
+        button.click()
+
+
+def filter_charts(driver, text: str) -> None:
+    """Type ``text`` into the chart view's "Search metric charts" box."""
+    from selenium.webdriver.common.by import By
+
+    driver.find_element(By.CSS_SELECTOR, "input[placeholder='Search metric charts']").send_keys(text)
+
+
 def _xpath_literal(text: str) -> str:
     if "'" not in text:
         return f"'{text}'"
