@@ -47,38 +47,6 @@ def write_samples(cfg: ZayaConfig, model, tokenizer, token_meta: dict, path: Pat
     return write_json(path, {"max_new_tokens": n, "sampling": SAMPLING, "samples": rows})
 
 
-def write_task_plots(tasks: dict, plots: Path) -> list[Path]:
-    """``tasks.csv`` (a DVC bar plot; only a header without tasks) and, with tasks, ``tasks.png``: accuracy
-    ± standard error beside chance per task."""
-    import csv
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plots.mkdir(parents=True, exist_ok=True)
-    with open(plots / "tasks.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["task", "acc", "acc_norm", "chance"])
-        writer.writerows([name, m["acc"], m["acc_norm"], m["chance"]] for name, m in tasks.items())
-    if not tasks:
-        return [plots / "tasks.csv"]
-    names = list(tasks)
-    fig, ax = plt.subplots(figsize=(1.3 * len(names) + 2, 3.5))
-    x = range(len(names))
-    ax.bar(x, [tasks[t]["acc"] for t in names], yerr=[tasks[t]["acc_stderr"] for t in names], capsize=4,
-           color="tab:blue", label="accuracy ± s.e.")  # fmt: skip
-    ax.scatter(x, [tasks[t]["chance"] for t in names], marker="_", s=600, color="black", label="chance")
-    ax.set_xticks(list(x), names, rotation=20)
-    ax.set(ylabel="accuracy", ylim=(0, 1), title="zero-shot multiple choice")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(plots / "tasks.png", dpi=100)
-    plt.close(fig)
-    return [plots / "tasks.csv", plots / "tasks.png"]
-
-
 def _check_config(cfg: ZayaConfig, max_seq_len: int) -> int:
     ecfg = cfg.eval
     if ecfg.batch_size < 1:
@@ -137,15 +105,14 @@ def score_tasks(cfg: ZayaConfig, model, tokenizer, token_meta: dict, device: str
 
     task_dir = Path(cfg.paths.eval_tasks)
     out = {}
-    for task in cfg.eval.tasks:
+    for i, task in enumerate(cfg.eval.tasks, 1):
         path = task_dir / f"{task}.jsonl.gz"
         if not path.is_file():
             raise DataError(f"{path} is missing: run the eval-data stage (zaya eval-data) for eval.tasks")
         start = time.perf_counter()
         items = load_task(path, cfg.eval.task_limit)
-        logliks = score_choices(
-            model, tokenizer, items, int(token_meta["eos_id"]), cfg.eval.batch_size, device
-        )
+        eos, desc = int(token_meta["eos_id"]), f"task {i}/{len(cfg.eval.tasks)} {task}"
+        logliks = score_choices(model, tokenizer, items, eos, cfg.eval.batch_size, device, desc=desc)
         out[task] = {
             k: round(v, 6) if isinstance(v, float) else v for k, v in task_metrics(items, logliks).items()
         }
@@ -169,6 +136,7 @@ def evaluate(cfg: ZayaConfig) -> dict:
     from tokenizers import Tokenizer
 
     from zaya_pipeline.data.loader import PackedDataset, load_split, read_token_meta
+    from zaya_pipeline.eval.plots import write_task_plots
     from zaya_pipeline.model.checkpoint import load_model
 
     out = Path(cfg.paths.reports) / METRICS_FILE

@@ -14,7 +14,6 @@ with a ``.logits`` attribute.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from zaya_pipeline.progress import Progress
 from zaya_pipeline.utils import get_logger
 
 log = get_logger("eval")
@@ -60,13 +60,16 @@ def batch_nll(model: torch.nn.Module, input_ids_BT: torch.Tensor, labels_BT: tor
     return nll.view_as(labels_BT)
 
 
+def _num_batches(n: int, batch_size: int, max_batches: int) -> int:
+    num = -(-n // batch_size)
+    return min(num, max_batches) if max_batches > 0 else num
+
+
 def _batches(dataset: Sequence[dict], batch_size: int, max_batches: int):
     n = len(dataset)
-    num = -(-n // batch_size)
-    num = min(num, max_batches) if max_batches > 0 else num
-    for b in range(num):
+    for b in range(_num_batches(n, batch_size, max_batches)):
         items = [dataset[i] for i in range(b * batch_size, min(n, (b + 1) * batch_size))]
-        yield b, num, torch.stack([x["input_ids"] for x in items]), torch.stack([x["labels"] for x in items])
+        yield torch.stack([x["input_ids"] for x in items]), torch.stack([x["labels"] for x in items])
 
 
 def evaluate_lm(
@@ -81,33 +84,24 @@ def evaluate_lm(
     """Score ``dataset`` (items ``{"input_ids": (T,), "labels": (T,)}``, e.g. a ``PackedDataset``) in order.
 
     ``max_batches`` 0 scores every window. The model is put in eval mode and given back in its former mode.
+    Progress: a bar on a terminal, else a log line every ``log_every_s`` seconds and at the end.
     """
     assert batch_size > 0
     lengths_V = torch.as_tensor(np.asarray(byte_lengths_V), dtype=torch.int64, device=device)
     was_training = model.training
     model.eval()
     nats, tokens, nbytes, windows = 0.0, 0, 0, 0
-    start = last = time.monotonic()
+    num = _num_batches(len(dataset), batch_size, max_batches)
     try:
-        with torch.no_grad():
-            for b, num, input_ids_BT, labels_BT in _batches(dataset, batch_size, max_batches):
+        with torch.no_grad(), Progress(num, "held-out", "batch", logger=log, every_s=log_every_s) as bar:
+            for input_ids_BT, labels_BT in _batches(dataset, batch_size, max_batches):
                 input_ids_BT, labels_BT = input_ids_BT.to(device), labels_BT.to(device)
                 nll_BT = batch_nll(model, input_ids_BT, labels_BT)
                 nats += nll_BT.double().sum().item()
                 tokens += labels_BT.numel()
                 nbytes += int(lengths_V[labels_BT].sum().item())
                 windows += labels_BT.shape[0]
-                now = time.monotonic()
-                if now - last >= log_every_s or b + 1 == num:
-                    last = now
-                    log.info(
-                        "batch %d/%d: %d tokens, loss %.4f, %.0f tokens/s",
-                        b + 1,
-                        num,
-                        tokens,
-                        nats / tokens,
-                        tokens / max(now - start, 1e-9),
-                    )
+                bar.update(1, tokens=tokens, loss=f"{nats / tokens:.4f}")
     finally:
         model.train(was_training)
     return EvalResult(nats=nats, tokens=tokens, bytes=nbytes, windows=windows)

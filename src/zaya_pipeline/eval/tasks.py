@@ -23,7 +23,6 @@ byte of the continuation (which removes the bias towards short answers). Ties go
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ import torch
 from zaya_pipeline.data.jsonl import read_jsonl
 from zaya_pipeline.errors import DataError
 from zaya_pipeline.eval.metrics import logits_of
+from zaya_pipeline.progress import Progress
 from zaya_pipeline.utils import get_logger
 
 log = get_logger("eval.tasks")
@@ -171,17 +171,20 @@ def score_choices(
     batch_size: int = 32,
     device: str | torch.device = "cpu",
     log_every_s: float = 30.0,
+    desc: str = "requests",
 ) -> list[list[float]]:
     """Σ ln p(continuation | EOS + context) of every choice of every item, in item/choice order.
 
     Requests over ``model.cfg.max_seq_len + 1`` tokens lose context tokens from the left (``fit_window``).
     The requests are batched longest first and right-padded (padding sits after every scored position of a
     causal model, so it changes nothing). The model is put in eval mode and given back in its former mode.
+    ``desc`` names the progress bar (or the log lines, every ``log_every_s`` seconds, off a terminal).
     """
     assert batch_size > 0
     reqs = _requests(tokenizer, items, eos_id, model.cfg.max_seq_len)
     scores = [
-        loglik for loglik, _ in score_token_requests(model, reqs, eos_id, batch_size, device, log_every_s)
+        loglik
+        for loglik, _ in score_token_requests(model, reqs, eos_id, batch_size, device, log_every_s, desc)
     ]
     out, k = [], 0
     for it in items:
@@ -197,27 +200,27 @@ def score_token_requests(
     batch_size: int = 32,
     device: str | torch.device = "cpu",
     log_every_s: float = 30.0,
+    desc: str = "requests",
 ) -> list[tuple[float, bool]]:
     """(Σ ln p of the last ``n`` tokens, whether each of them was the argmax) per ``(tokens, n)`` request,
-    in request order; batched longest first, right-padded, in eval mode and ``inference_mode``."""
+    in request order; batched longest first, right-padded, in eval mode and ``inference_mode``. Progress
+    (named ``desc``): a bar on a terminal, else a log line every ``log_every_s`` seconds and at the end."""
     order = sorted(range(len(reqs)), key=lambda r: -len(reqs[r][0]))
     scores: list[tuple[float, bool]] = [(0.0, False)] * len(reqs)
     was_training = model.training
     model.eval()
-    start = last = time.monotonic()
     try:
-        with torch.inference_mode():
+        with (
+            torch.inference_mode(),
+            Progress(len(reqs), desc, "request", logger=log, every_s=log_every_s) as bar,
+        ):
             for b in range(0, len(order), batch_size):
                 rows = order[b : b + batch_size]
                 for r, s in zip(
                     rows, _score_batch(model, [reqs[r] for r in rows], pad_id, device), strict=True
                 ):
                     scores[r] = s
-                now = time.monotonic()
-                if now - last >= log_every_s or b + batch_size >= len(order):
-                    last = now
-                    done = min(b + batch_size, len(order))
-                    log.info("scored %d/%d requests, %.1f/s", done, len(order), done / max(now - start, 1e-9))
+                bar.update(len(rows))
     finally:
         model.train(was_training)
     return scores

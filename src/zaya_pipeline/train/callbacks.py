@@ -1,6 +1,6 @@
-"""Training telemetry: interval-averaged loss, LR, throughput (tokens/s, MFU) and per-expert load, sent to
-the Lightning logger (MLflow), kept as rows for the DVC plots files, and printed as one progress line per
-interval.
+"""Training telemetry: interval-averaged loss, LR, throughput (tokens/s, MFU), per-expert load and the ZAYA1
+routers' balancing biases, sent to the Lightning logger (MLflow), kept as rows for the DVC plots files and
+figures (train/plots.py), and printed as one progress line per interval (above a progress bar on a terminal).
 
 Shape legend:
     L  layers    E  experts
@@ -15,23 +15,27 @@ import time
 import lightning as L
 import torch
 
+from zaya_pipeline.progress import Progress, format_duration
 from zaya_pipeline.train.throughput import Peak, device_name, mfu, resolve_peak
 from zaya_pipeline.utils import get_logger
 
 log = get_logger("train")
 
 
-def _fmt_duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    return f"{seconds // 60}m{seconds % 60:02d}s"
+def router_biases_LE(model: torch.nn.Module) -> torch.Tensor | None:
+    """The balancing bias of every router that has one (ZAYA1), ``(L, E)``; None for routers without."""
+    biases = [b.moe.router.expert_bias_E for b in model.blocks if hasattr(b.moe.router, "expert_bias_E")]
+    return torch.stack([b.detach().float().cpu() for b in biases]) if biases else None
 
 
 class TrainTelemetry(L.Callback):
     """Metrics every ``log_every`` optimizer steps (and at the last step), validation loss after each pass.
 
     Rows: ``train_rows`` (step, loss, lr, tokens_per_s), ``val_rows`` (step, val_loss), ``load_rows``
-    (step, layer, expert, fraction). Time spent in validation is not counted as training time. With a skip
-    expert, the last router choice is logged as ``load/l<i>/skip`` and left out of ``max_over_mean``.
+    (step, layer, expert, fraction) and, for routers with a balancing bias (ZAYA1), ``bias_rows`` (step,
+    layer, expert, bias: the bias after that step's update, also logged as ``bias/l<i>/e<j>``). Time spent
+    in validation is not counted as training time. With a skip expert, the last router choice is logged as
+    ``load/l<i>/skip`` (``bias/l<i>/skip``) and left out of ``max_over_mean``.
     Tokens are counted per batch (the batch ramp changes them); skipped updates still count as tokens seen.
 
     MFU (``train/mfu``, ``train/tflops_per_device``) is logged when ``flops_per_token`` (training FLOPs per
@@ -39,6 +43,9 @@ class TrainTelemetry(L.Callback):
     of one device), else what ``train.throughput.resolve_peak`` finds at train start for the device,
     ``precision`` and ``param_dtype`` (FSDP2's compute dtype; "float32" without FSDP2): a datasheet figure,
     ``$ZAYA_PEAK_TFLOPS`` or, on CPU, a measured one.
+
+    Progress: the lines above on INFO; when stderr is a terminal, rank 0 also draws a bar of optimizer steps
+    (``zaya_pipeline.progress``), which stays silent elsewhere: the lines already say step/max_steps and ETA.
     """
 
     def __init__(
@@ -64,6 +71,8 @@ class TrainTelemetry(L.Callback):
         self.train_rows: list[tuple[int, float, float, float]] = []
         self.val_rows: list[tuple[int, float]] = []
         self.load_rows: list[tuple[int, int, int, float]] = []
+        self.bias_rows: list[tuple[int, int, int, float]] = []
+        self.bar: Progress | None = None
         self.last_val_step = -1
         self.last_emitted_step = -1
         self.train_seconds = 0.0
@@ -137,6 +146,21 @@ class TrainTelemetry(L.Callback):
         self._t_last = time.perf_counter()
         self._step_last = self._start_step = trainer.global_step  # > 0 when resumed
         self._paused = 0.0
+        if trainer.is_global_zero:
+            self.bar = Progress(
+                self.max_steps, "train", unit="step", logger=log, initial=trainer.global_step, plain=False
+            )
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._close_bar()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._close_bar()
+
+    def _close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         for key in ("ce", "aux", "z_loss"):
@@ -155,9 +179,11 @@ class TrainTelemetry(L.Callback):
         self._counts_LE = counts.clone() if self._counts_LE is None else self._counts_LE + counts
         step = trainer.global_step
         if step > self.last_emitted_step and (step % self.log_every == 0 or step >= self.max_steps):
-            self._emit(trainer, step)
+            self._emit(trainer, pl_module, step)
+        if self.bar is not None:
+            self.bar.advance_to(step)
 
-    def _emit(self, trainer: L.Trainer, step: int) -> None:
+    def _emit(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
         reduce = trainer.strategy.reduce
 
         def total(x: float) -> float:
@@ -210,6 +236,7 @@ class TrainTelemetry(L.Callback):
             metrics[f"load/l{layer}/max_over_mean"] = (
                 max(experts_E) * num_experts / max(sum(experts_E), 1e-12)
             )
+        metrics.update(self._bias_metrics(pl_module, step, num_experts))
         metrics.update(self._mfu_metrics(step, tokens_per_s / trainer.world_size))  # tok/s: all ranks
         progress_mfu = f"  MFU {100 * metrics['train/mfu']:.1f}%" if "train/mfu" in metrics else ""
         if trainer.logger is not None:
@@ -222,11 +249,25 @@ class TrainTelemetry(L.Callback):
         info(
             "step %d/%d  loss %.4f  aux %.4f  lr %.2e  %.0f tok/s%s  max load/mean %.2f  skipped %d  ETA %s",
             *(step, self.max_steps, loss, metrics["train/aux_loss"], lr, tokens_per_s, progress_mfu, worst),
-            *(self.skipped_steps, _fmt_duration(eta)),
+            *(self.skipped_steps, format_duration(eta)),
         )
+        if self.bar is not None:
+            self.bar.advance_to(step, loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}")
         # The next interval starts after this bookkeeping: tokens/s measures the training loop itself.
         self._t_last, self._step_last, self._paused = time.perf_counter(), step, 0.0
         self._reset_interval()
+
+    def _bias_metrics(self, pl_module: L.LightningModule, step: int, num_experts: int) -> dict:
+        """Rows and ``bias/l<i>/<e<j>|skip>`` metrics of the balancing biases (identical on every rank)."""
+        biases_LE = router_biases_LE(pl_module.model)
+        if biases_LE is None:
+            return {}
+        metrics = {}
+        for layer, bias_E in enumerate(biases_LE.tolist()):
+            for expert, bias in enumerate(bias_E):
+                metrics[f"bias/l{layer}/{'skip' if expert == num_experts else f'e{expert}'}"] = bias
+                self.bias_rows.append((step, layer, expert, bias))
+        return metrics
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._val_t0 = time.perf_counter()

@@ -8,6 +8,9 @@ Outputs:
     <paths.reports>/plots/val.csv          step, val_loss
     <paths.reports>/plots/expert_load.csv  step, layer, expert, fraction
     <paths.reports>/plots/schedule.csv     step, lr_multiplier, tokens_per_step (the planned schedule)
+    <paths.reports>/plots/router_bias.csv  step, layer, expert, bias (ZAYA1 router; only a header otherwise)
+    <paths.reports>/plots/*.png            loss, lr, throughput, expert_load, router_bias (train/plots.py);
+                                           with <paths.train>/schedule.png logged to the run under plots/
     <paths.checkpoints>/step<N>/           every train.checkpoint_every steps and on SIGTERM (distributed/
                                            checkpoint.py); resume with train.resume=auto
 """
@@ -166,25 +169,6 @@ def group_params(module) -> dict:
     return out
 
 
-def plot_schedule(rows: list[tuple[int, float, int]], path: Path) -> None:
-    """LR multiplier and tokens per step over the planned run, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [r[0] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.plot(steps, [r[1] for r in rows], color="tab:blue")
-    ax.set(xlabel="optimizer step", ylabel="LR / peak LR", title="LR and batch schedule")
-    ax2 = ax.twinx()
-    ax2.plot(steps, [r[2] for r in rows], color="tab:orange")
-    ax2.set_ylabel("tokens per step", color="tab:orange")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def _trainer(cfg: ZayaConfig, logger, callbacks: list, root: Path):
     import lightning as L
 
@@ -243,15 +227,18 @@ def train(cfg: ZayaConfig) -> dict:
     from zaya_pipeline.train.checkpointing import Checkpointing
     from zaya_pipeline.train.data import TokenDataModule, source_dirs
     from zaya_pipeline.train.module import ZayaLitModule
+    from zaya_pipeline.train.plots import TRAIN_PLOTS, save, schedule_figure, write_train_plots
 
     t_start = time.perf_counter()
     tcfg, paths = cfg.train, cfg.paths
     reports = Path(paths.reports)
-    plots = {name: reports / "plots" / f"{name}.csv" for name in ("train", "val", "expert_load", "schedule")}
+    csvs = ("train", "val", "expert_load", "schedule", "router_bias")
+    plots = {name: reports / "plots" / f"{name}.csv" for name in csvs}
+    figures = [reports / "plots" / f"{name}.png" for name in TRAIN_PLOTS]
     lead = launch_rank(cfg.parallel) == 0
     check_launcher_world(cfg.parallel)
     if lead:
-        remove_outputs(paths.train, reports / "train.json", *plots.values())
+        remove_outputs(paths.train, reports / "train.json", *plots.values(), *figures)
     meta = read_token_meta(paths.tokens)
     if "unigram_val_nats_per_token" not in meta:
         raise DataError(
@@ -341,8 +328,8 @@ def train(cfg: ZayaConfig) -> dict:
             save_model(out / "model.pt", module.model, model_cfg, full_state)
             run = {"run_id": logger.run_id, "experiment_id": experiment_id, "tracking_uri": uri}
             write_json(out / "run.json", run)
-            plot_schedule(schedule_rows, out / "schedule.png")
-            logger.experiment.log_artifact(logger.run_id, str(out / "schedule.png"))
+            save(schedule_figure(schedule_rows), out / "schedule.png")
+            logger.experiment.log_artifact(logger.run_id, str(out / "schedule.png"), "plots")
 
     val_loss = telemetry.val_rows[-1][1]
     unigram = float(meta["unigram_val_nats_per_token"])
@@ -369,6 +356,19 @@ def train(cfg: ZayaConfig) -> dict:
         write_csv(plots["val"], ("step", "val_loss"), telemetry.val_rows)
         write_csv(plots["expert_load"], ("step", "layer", "expert", "fraction"), telemetry.load_rows)
         write_csv(plots["schedule"], ("step", "lr_multiplier", "tokens_per_step"), schedule_rows)
+        write_csv(plots["router_bias"], ("step", "layer", "expert", "bias"), telemetry.bias_rows)
+        pngs = write_train_plots(
+            reports / "plots",
+            train_rows=telemetry.train_rows,
+            val_rows=telemetry.val_rows,
+            load_rows=telemetry.load_rows,
+            bias_rows=telemetry.bias_rows,
+            mfu_rows=telemetry.mfu_rows,
+            skip_expert=cfg.model.moe.skip_expert,
+            unigram_nats=unigram,
+        )
+        for png in pngs:
+            logger.experiment.log_artifact(logger.run_id, str(png), "plots")
         write_json(reports / "train.json", metrics)
     log.info("train: %d steps in %.1f s (until saved: %.1f s)", steps, metrics["wall_s"], fit_s)
     return {
