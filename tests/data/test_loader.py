@@ -96,6 +96,8 @@ def test_many_shards_are_one_memory_mapped_sequence_without_a_copy(tmp_path):
     packed, ref = PackedDataset(tokens, seq_len=4, seed=3), PackedDataset(flat, seq_len=4, seed=3)
     assert all(torch.equal(packed[i]["input_ids"], ref[i]["input_ids"]) for i in range(len(ref)))
     assert token_counts(tokens, 30, chunk=4).tolist() == np.bincount(flat, minlength=30).tolist()
+    starts = np.array([0, 3, 5, 6, 7, 9, 18, 4, 6])  # inside one shard, across one, across two
+    assert tokens.gather(starts, 7).tolist() == [flat[a : a + 7].tolist() for a in starts]
 
 
 def test_boundary_fields_restart_positions_and_number_documents_after_each_eos():

@@ -66,7 +66,8 @@ def read_shards(split_dir: str | Path, token_dtype: str) -> np.ndarray | Sharded
 
 
 class ShardedTokens:
-    """Several 1-D token arrays (memmaps) read as one: ``len``, integer and contiguous-slice indexing.
+    """Several 1-D token arrays (memmaps) read as one: ``len``, integer and contiguous-slice indexing, and
+    :meth:`gather` of many fixed-length rows.
 
     A slice inside one shard is a view of its memmap; one that crosses shards copies just that range.
     ``np.asarray`` (and ``tolist``) materialize everything: whole-split statistics should loop over
@@ -79,7 +80,10 @@ class ShardedTokens:
         assert shards and all(s.ndim == 1 and s.dtype == shards[0].dtype for s in shards)
         self.shards = shards
         self.dtype = shards[0].dtype
+        # plain ndarray views of the maps: slicing a np.memmap costs several times more (loader throughput)
+        self._views = [np.asarray(s) for s in shards]
         self._ends = np.cumsum([len(s) for s in shards])  # _ends[i] = tokens in shards 0..i
+        self._offsets = [0, *self._ends[:-1].tolist()]
         self.shape = (int(self._ends[-1]),)
 
     def __len__(self) -> int:
@@ -97,22 +101,29 @@ class ShardedTokens:
         if not 0 <= i < len(self):
             raise IndexError(f"index {key} out of range for {len(self)} tokens")
         s = int(np.searchsorted(self._ends, i, side="right"))
-        return self.shards[s][i - self._offset(s)]
-
-    def _offset(self, s: int) -> int:
-        return int(self._ends[s - 1]) if s else 0
+        return self.shards[s][i - self._offsets[s]]
 
     def _range(self, start: int, stop: int) -> np.ndarray:
         first = int(np.searchsorted(self._ends, start, side="right"))
         if first == len(self.shards) or stop <= self._ends[first]:  # inside one shard (or empty)
             s = min(first, len(self.shards) - 1)
-            return self.shards[s][start - self._offset(s) : stop - self._offset(s)]
+            return self.shards[s][start - self._offsets[s] : stop - self._offsets[s]]
         parts, s = [], first
         while start < stop:
-            lo, hi = start - self._offset(s), min(stop, int(self._ends[s])) - self._offset(s)
-            parts.append(self.shards[s][lo:hi])
-            start, s = self._offset(s) + hi, s + 1
+            lo, hi = start - self._offsets[s], min(stop, int(self._ends[s])) - self._offsets[s]
+            parts.append(self._views[s][lo:hi])
+            start, s = self._offsets[s] + hi, s + 1
         return np.concatenate(parts)
+
+    def gather(self, starts: np.ndarray, length: int) -> np.ndarray:
+        """Rows ``self[start : start + length]`` for every start (all in range), as one (n, length) array."""
+        out = np.empty((len(starts), length), dtype=self.dtype)
+        shard_of = np.searchsorted(self._ends, starts, side="right").tolist()
+        for r, (s, start) in enumerate(zip(shard_of, np.asarray(starts).tolist(), strict=True)):
+            lo = start - self._offsets[s]
+            row = self._views[s][lo : lo + length]
+            out[r] = row if len(row) == length else self._range(start, start + length)  # crosses a shard
+        return out
 
     def max(self):
         return max(s.max() for s in self.shards)
@@ -146,10 +157,11 @@ def check_boundary_mode(mode: str) -> None:
 
 
 def boundary_fields(input_ids, eos_id: int | None, mode: str) -> dict:
-    """The extra batch fields of ``mode`` for ``input_ids`` (int64 tensor, shape (..., T)).
+    """The extra batch fields of ``mode`` for ``input_ids`` (int64 CPU tensor, shape (..., T)).
 
     A document starts at position 0 and after every EOS; ``doc_ids`` numbers the documents of a row
     (0, 1, ...; the EOS belongs to the document it ends) and ``position_ids`` counts from 0 at each start.
+    A window that begins inside a document counts that document's positions from 0 too.
     """
     import torch
 
@@ -158,16 +170,15 @@ def boundary_fields(input_ids, eos_id: int | None, mode: str) -> dict:
         return {}
     if eos_id is None:
         raise DataError(f"train.data.doc_boundaries={mode} needs the eos_id of the tokens (meta.json)")
-    is_eos = input_ids == eos_id
-    T = input_ids.shape[-1]
-    doc_ids = torch.cumsum(is_eos, dim=-1) - is_eos.long()
-    idx = torch.arange(T, device=input_ids.device).expand_as(input_ids)
-    starts = torch.zeros_like(is_eos)
-    starts[..., 1:] = is_eos[..., :-1]
-    start_of_doc = torch.cummax(torch.where(starts, idx, torch.zeros_like(idx)), dim=-1).values
-    fields = {"position_ids": idx - start_of_doc}
+    # numpy: a few microseconds per call where torch's per-op overhead is ten times that (loader throughput)
+    is_eos = input_ids.numpy() == eos_id
+    after_eos = np.zeros_like(is_eos)
+    after_eos[..., 1:] = is_eos[..., :-1]
+    idx = np.arange(is_eos.shape[-1])  # broadcast over the rows
+    start_of_doc = np.maximum.accumulate(np.where(after_eos, idx, 0), axis=-1)
+    fields = {"position_ids": torch.from_numpy(idx - start_of_doc)}
     if mode == "mask":
-        fields["doc_ids"] = doc_ids
+        fields["doc_ids"] = torch.from_numpy(np.cumsum(after_eos, axis=-1))
     return fields
 
 
@@ -191,6 +202,7 @@ class PackedDataset:
             raise DataError(f"seq_len must be >= 1, got {seq_len}")
         check_boundary_mode(doc_boundaries)
         self.tokens = tokens
+        self._rows = tokens if isinstance(tokens, ShardedTokens) else ShardedTokens([np.asarray(tokens)])
         self.seq_len = seq_len
         self.eos_id, self.doc_boundaries = eos_id, doc_boundaries
         self.num_windows = (len(tokens) - 1) // seq_len
@@ -205,7 +217,11 @@ class PackedDataset:
     def __getitem__(self, i: int) -> dict:
         import torch
 
-        start = int(self.order[i]) * self.seq_len
-        window = torch.from_numpy(np.asarray(self.tokens[start : start + self.seq_len + 1], dtype=np.int64))
+        window = torch.from_numpy(self.read_windows(self.order[i : i + 1])[0])
         item = {"input_ids": window[:-1], "labels": window[1:]}
         return item | boundary_fields(item["input_ids"], self.eos_id, self.doc_boundaries)
+
+    def read_windows(self, windows: np.ndarray) -> np.ndarray:
+        """Windows by their position in the stream (not through ``order``): int64 (n, seq_len + 1)."""
+        starts = np.asarray(windows, dtype=np.int64) * self.seq_len
+        return self._rows.gather(starts, self.seq_len + 1).astype(np.int64)

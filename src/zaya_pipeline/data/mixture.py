@@ -307,9 +307,14 @@ class MixtureStream:
             cache[epoch] = np.random.default_rng([self.seed % 2**64, s, epoch]).permutation(n)
         return cache[epoch]
 
-    def _window(self, s: int, k: int) -> int:
-        epoch, i = divmod(k, self.datasets[s].num_windows)
-        return int(self._perm(s, epoch)[i])
+    def _windows(self, s: int, draws: np.ndarray) -> np.ndarray:
+        """The windows of source s read by its draws number ``draws``."""
+        epochs, i = np.divmod(draws, self.datasets[s].num_windows)
+        out = np.empty_like(draws)
+        for e in np.unique(epochs):
+            sel = epochs == e
+            out[sel] = self._perm(s, int(e))[i[sel]]
+        return out
 
     # ---- batches ------------------------------------------------------------------------------------
 
@@ -333,15 +338,15 @@ class MixtureStream:
         local = size // self.world_size
         lo = self.rank * local
         mine, mine_draws = choices[lo : lo + local], draws[lo : lo + local]
-        items = [
-            self.datasets[s][self._window(s, k)]
-            for s, k in zip(mine.tolist(), mine_draws.tolist(), strict=True)
-        ]
-        input_ids = torch.stack([it["input_ids"] for it in items])
+        rows = np.empty((local, self.seq_len + 1), dtype=np.int64)
+        for s in np.unique(mine):  # one vectorized read per source
+            sel = mine == s
+            rows[sel] = self.datasets[s].read_windows(self._windows(int(s), mine_draws[sel]))
+        input_ids = torch.from_numpy(rows[:, :-1].copy())
         self.next_batch = b + 1
         return {
             "input_ids": input_ids,
-            "labels": torch.stack([it["labels"] for it in items]),
+            "labels": torch.from_numpy(rows[:, 1:].copy()),
             "batch_index": b,
             "phase": phase,
             "source_counts": np.bincount(mine, minlength=len(counts)).tolist(),
