@@ -5,8 +5,9 @@
             ...
             bar.update(1, loss=f"{loss:.3f}")
 
-The choice is made once, when the loop starts: stderr a TTY → a bar on stderr, while the ``zaya`` loggers
-print through ``tqdm.write`` so their lines land above the bar instead of through it. Otherwise a line
+The choice is made once, when the loop starts: stderr a TTY → a bar on stderr, while the console handlers of
+the ``zaya`` loggers (and any other ``redirect`` names) print through ``tqdm.write`` so their lines land
+above the bar instead of through it. Otherwise a line
 
     held-out: 120/480 batch (25%)  3.9 batch/s  ETA 1m32s  loss=4.211
 
@@ -59,6 +60,7 @@ class Progress:
         every_pct: float = 0.0,
         initial: int = 0,
         plain: bool = True,
+        redirect: tuple[str, ...] = ("zaya",),
         clock: Callable[[], float] = time.monotonic,
     ):
         self.total, self.desc, self.unit = total, desc, unit
@@ -71,14 +73,13 @@ class Progress:
         self._exit = contextlib.ExitStack()
         self.bar = None
         if stderr_is_terminal():
-            self.bar = self._open_bar()
+            self.bar = self._open_bar(redirect)
 
-    def _open_bar(self):
+    def _open_bar(self, redirect: tuple[str, ...]):
         from tqdm import tqdm
         from tqdm.contrib.logging import logging_redirect_tqdm
 
-        # Our log lines (a handler on the "zaya" logger) are printed above the bar while it is open.
-        self._exit.enter_context(logging_redirect_tqdm([logging.getLogger("zaya")]))
+        self._exit.enter_context(logging_redirect_tqdm([logging.getLogger(name) for name in redirect]))
         bar = tqdm(
             total=self.total or None,  # 0: unknown, tqdm then counts without a bar
             initial=self.initial,

@@ -148,7 +148,13 @@ class TrainTelemetry(L.Callback):
         self._paused = 0.0
         if trainer.is_global_zero:
             self.bar = Progress(
-                self.max_steps, "train", unit="step", logger=log, initial=trainer.global_step, plain=False
+                self.max_steps,
+                "train",
+                "step",
+                logger=log,
+                initial=trainer.global_step,
+                plain=False,
+                redirect=("zaya", "lightning.pytorch"),  # Lightning's own notes print above the bar too
             )
 
     def on_train_end(self, trainer, pl_module) -> None:
