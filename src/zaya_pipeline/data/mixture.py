@@ -273,7 +273,10 @@ class MixtureStream:
 
     def _choose(self, phase: int, start: int, stop: int) -> np.ndarray:
         """Source index of global samples ``start..stop-1``, all in ``phase``."""
-        return np.searchsorted(self._cdfs[phase], _uniforms(self._key, start, stop), side="right")
+        cdf = self._cdfs[phase]
+        if cdf[0] == 1.0:  # all weight on the first source: what the search would return, without hashing
+            return np.zeros(stop - start, dtype=np.intp)
+        return np.searchsorted(cdf, _uniforms(self._key, start, stop), side="right")
 
     def _replay(self, c: int, b: int) -> np.ndarray:
         """Draws per source over batches c..b-1."""
@@ -310,6 +313,8 @@ class MixtureStream:
     def _windows(self, s: int, draws: np.ndarray) -> np.ndarray:
         """The windows of source s read by its draws number ``draws``."""
         epochs, i = np.divmod(draws, self.datasets[s].num_windows)
+        if epochs[0] == epochs[-1]:  # draws ascend: one epoch (nearly always)
+            return self._perm(s, int(epochs[0]))[i]
         out = np.empty_like(draws)
         for e in np.unique(epochs):
             sel = epochs == e
@@ -339,9 +344,12 @@ class MixtureStream:
         lo = self.rank * local
         mine, mine_draws = choices[lo : lo + local], draws[lo : lo + local]
         rows = np.empty((local, self.seq_len + 1), dtype=np.int64)
-        for s in np.unique(mine):  # one vectorized read per source
+        for s, dataset in enumerate(self.datasets):  # one vectorized read per source
             sel = mine == s
-            rows[sel] = self.datasets[s].read_windows(self._windows(int(s), mine_draws[sel]))
+            if sel.all():
+                rows[:] = dataset.read_windows(self._windows(s, mine_draws))
+            elif sel.any():
+                rows[sel] = dataset.read_windows(self._windows(s, mine_draws[sel]))
         input_ids = torch.from_numpy(rows[:, :-1].copy())
         self.next_batch = b + 1
         return {
