@@ -131,7 +131,8 @@ def test_a_queued_dvc_exp_sweep_lands_in_mlflow_and_dvc_exp_show(workspace):
     run(["git", "add", "-A"], workspace)
     run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "baseline"], workspace)
     dvc = str(BIN / "dvc")
-    run([dvc, "exp", "run", "--queue", "-S", "experiment=debug", "-S", "train.optim.lr=0.003,0.02"], workspace)
+    sweep = ["-S", "experiment=debug", "-S", "train.optim.lr=0.003,0.02"]
+    run([dvc, "exp", "run", "--queue", *sweep], workspace)
     run([dvc, "exp", "run", "--run-all"], workspace, timeout=1800)
 
     client = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}")
@@ -155,5 +156,7 @@ def test_a_queued_dvc_exp_sweep_lands_in_mlflow_and_dvc_exp_show(workspace):
         assert exps[name]["metrics"]["reports/metrics.json"]["data"]["val_loss"] > 0
 
     diff = json.loads(run([dvc, "plots", "diff", *names, "--json"], workspace).strip().splitlines()[-1])
-    revs = {d["rev"] for d in diff["reports/plots/train.csv"] for d in d["datapoints"].get("dvc_data", [])}
-    assert set(names) <= revs, revs
+    (train_plot,) = diff["data"]["reports/plots/train.csv"]
+    assert train_plot["revisions"] == names
+    points = train_plot["content"]["data"]["values"]
+    assert {p["rev"] for p in points} == set(names) and all(float(p["loss"]) > 0 for p in points)

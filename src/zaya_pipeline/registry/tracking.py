@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
@@ -33,6 +34,12 @@ def tracking_uri(cfg: RegistryConfig) -> str:
         return env
     root = Path(os.environ.get("DVC_ROOT") or Path.cwd())
     return f"sqlite:///{root.resolve() / DEFAULT_DB}"
+
+
+def default_run_name(model_name: str) -> str:
+    """A run's name when ``registry.run_name`` is empty: the DVC experiment's name under ``dvc exp run``, else
+    the model preset and the start time (MLflow's own random names repeat: training seeds Python's RNG)."""
+    return os.environ.get("DVC_EXP_NAME") or f"train {model_name} {time.strftime('%Y-%m-%d %H:%M:%S')}"
 
 
 def run_tags() -> dict[str, str]:

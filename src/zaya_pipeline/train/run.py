@@ -222,7 +222,7 @@ def train(cfg: ZayaConfig) -> dict:
     import lightning as L
     from lightning.pytorch.loggers import MLFlowLogger
 
-    from zaya_pipeline.registry.tracking import run_tags, setup_mlflow, tracking_uri
+    from zaya_pipeline.registry.tracking import default_run_name, run_tags, setup_mlflow, tracking_uri
     from zaya_pipeline.train.callbacks import TrainTelemetry
     from zaya_pipeline.train.checkpointing import Checkpointing
     from zaya_pipeline.train.data import TokenDataModule, source_dirs
@@ -280,7 +280,7 @@ def train(cfg: ZayaConfig) -> dict:
         experiment_id = setup_mlflow(cfg.registry)
         logger = MLFlowLogger(
             experiment_name=cfg.registry.experiment_name,
-            run_name=cfg.registry.run_name or None,
+            run_name=cfg.registry.run_name or default_run_name(model_cfg.name),
             tracking_uri=uri,
             log_model=False,
             tags=run_tags(),  # a sweep's child, a DVC experiment's name
