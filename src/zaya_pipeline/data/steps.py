@@ -6,7 +6,6 @@ pickles the pipeline, so lambdas and closures would not survive the trip.
 
 from __future__ import annotations
 
-import gzip
 from pathlib import Path
 
 from datatrove.data import Document
@@ -16,8 +15,10 @@ from datatrove.utils.word_tokenizers import SpaCyTokenizer, strip_strings
 # Exact dedup compares texts after lower-casing, dropping punctuation and collapsing whitespace; numbers and
 # diacritics are kept, so pages that differ only in a version number or a name stay distinct.
 EXACT_NORM = TextNormConfig(norm_numbers=False, norm_unicode_diacritics=False)
-# Metadata that datatrove's steps add for their own bookkeeping; not part of a curated record.
-INTERNAL_KEYS = frozenset({"file_path", "duplicate_count", "filter_reason"})
+# Metadata that datatrove's steps add for their own bookkeeping: not part of a curated record. A removed
+# near duplicate keeps minhash_cluster_size (the size of its cluster, for the data report).
+INTERNAL_KEYS = frozenset({"file_path", "duplicate_count", "filter_reason", "minhash_cluster_size"})
+REMOVED_INTERNAL_KEYS = INTERNAL_KEYS - {"minhash_cluster_size"}
 
 
 class EnglishTokenizer(SpaCyTokenizer):
@@ -75,28 +76,10 @@ def curated_record(writer, doc: Document) -> dict:
 
 def removed_record(writer, doc: Document, step: str = "", reason: str = "") -> dict:
     """JsonlWriter adapter for dropped documents: records which step dropped them and why."""
-    metadata = {k: v for k, v in doc.metadata.items() if k not in INTERNAL_KEYS}
+    metadata = {k: v for k, v in doc.metadata.items() if k not in REMOVED_INTERNAL_KEYS}
     metadata["curate_step"] = step
     metadata["filter_reason"] = doc.metadata.get("filter_reason") or reason
     return {"id": doc.id, "text": doc.text, "metadata": metadata}
-
-
-def fill_missing_shards(folder: str | Path, tasks: int) -> None:
-    """Give every task an output file, empty if the task kept nothing.
-
-    The next pass reads ``folder`` with the same number of tasks and relies on task ``r`` reading exactly the
-    file task ``r`` wrote (the dedup signatures index documents by position inside that task's stream);
-    datatrove shards files by sorted position, so a missing file would shift every later task's input.
-    """
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    for rank in range(tasks):
-        path = folder / f"{rank:05d}.jsonl.gz"
-        if not path.exists():
-            with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0):
-                pass
-    extra = sorted(p.name for p in folder.glob("*.jsonl.gz") if int(p.name.split(".")[0]) >= tasks)
-    assert not extra, f"unexpected shards {extra} in {folder}"
 
 
 def zero_gzip_mtime(path: str | Path) -> None:

@@ -128,6 +128,9 @@ def tokenize(cfg: ZayaConfig) -> dict:
     seconds = round(time.perf_counter() - start, 2)
     metrics = {k: meta[k] for k in ("splits", "unigram_val_nats_per_token", "unigram_val_bits_per_byte")}
     write_json(report, {**metrics, "seconds": seconds})
+    from zaya_pipeline.data.report import add_token_counts  # tokens per split and per drop reason
+
+    add_token_counts(cfg.paths.reports, splits, tok_file, cfg.paths.removed, cfg.registry)
     log.info("wrote %s in %.1fs (unigram baseline %.3f nats/token)", out_dir, seconds, nats)
     return {
         "train_tokens": splits["train"]["tokens"],

@@ -1,0 +1,128 @@
+"""Where the curate passes run: ``data.executor.type`` = ``local`` | ``slurm`` | ``ray`` (datatrove).
+
+* local: ``LocalPipelineExecutor``, ``workers`` processes, one pass after the other in this process.
+* ray: ``RayPipelineExecutor`` on ``ray.init(address=data.executor.ray.address)``; blocking like local.
+* slurm: ``SlurmPipelineExecutor``, one job array per pass, each depending on the one before, and a last job
+  (one task) that checks the accounting and writes the report. Submission returns at once; with
+  ``data.executor.slurm.wait`` the caller polls ``squeue`` until that last job has marked itself completed.
+
+Every executor keeps datatrove's completion markers (``<logs>/<pass>/completions/<rank>``) and skips the
+tasks that have one, which is how a rerun after a crash resumes (``curate.py`` decides when markers are kept).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from zaya_pipeline.config import ExecutorConfig
+from zaya_pipeline.errors import ConfigError, DataError
+from zaya_pipeline.utils import get_logger
+
+log = get_logger("curate")
+TYPES = ("local", "slurm", "ray")
+
+
+def check_executor(e: ExecutorConfig) -> None:
+    """Config errors before anything runs: the type, workers, a Slurm partition, an installed Ray."""
+    if e.type not in TYPES:
+        raise ConfigError(f"data.executor.type={e.type!r}: one of {', '.join(TYPES)} (data/executor=...)")
+    if e.workers == 0 or e.workers < -1:
+        raise ConfigError(f"data.executor.workers={e.workers}: a number of tasks >= 1, or -1 for no limit")
+    if e.type == "slurm" and not e.slurm.partition:
+        raise ConfigError("data.executor.slurm.partition is required with data/executor=slurm")
+    if e.type == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            "data.executor.type=ray needs the `ray` package, which zaya_pipeline does not install: "
+            "`pip install 'ray[default]'` here (and on the cluster), or use data/executor=local"
+        )
+
+
+def make_executor(e: ExecutorConfig, pipeline: list, tasks: int, logging_dir: Path, name: str, depends=None):
+    """The datatrove executor of one pass; ``depends`` chains Slurm passes."""
+    common = {"tasks": tasks, "logging_dir": str(logging_dir), "skip_completed": True}
+    if e.type == "local":
+        from datatrove.executor import LocalPipelineExecutor
+
+        return LocalPipelineExecutor(
+            pipeline, workers=tasks if e.workers == -1 else min(e.workers, tasks), **common
+        )
+    if e.type == "ray":
+        from datatrove.executor import RayPipelineExecutor
+
+        r = e.ray
+        return RayPipelineExecutor(
+            pipeline,
+            workers=e.workers,
+            cpus_per_task=r.cpus_per_task,
+            mem_per_cpu_gb=r.mem_per_cpu_gb,
+            **common,
+        )
+    from datatrove.executor import SlurmPipelineExecutor
+
+    s = e.slurm
+    return SlurmPipelineExecutor(
+        pipeline,
+        time=s.time,
+        partition=s.partition,
+        cpus_per_task=s.cpus_per_task,
+        mem_per_cpu_gb=s.mem_per_cpu_gb,
+        workers=e.workers,
+        job_name=f"{s.job_name}-{name}",
+        qos=s.qos,
+        env_command=s.env_command or None,
+        sbatch_args=dict(s.sbatch_args),
+        max_array_size=s.max_array_size,
+        depends=depends,
+        **common,
+    )
+
+
+def run_blocking(e: ExecutorConfig, passes: list, logs: Path) -> None:
+    """Run the passes one after the other (local, ray), logging each one's time."""
+    if e.type == "ray":
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=e.ray.address or None)
+    for i, p in enumerate(passes, 1):
+        t0 = time.monotonic()
+        log.info("curate pass %d/%d %s: %d task(s) ...", i, len(passes), p.name, p.tasks)
+        make_executor(e, p.pipeline, p.tasks, logs / p.name, p.name).run()
+        log.info("curate pass %s done in %.1f s", p.name, time.monotonic() - t0)
+
+
+def submit_slurm(e: ExecutorConfig, passes: list, final_step: Any, logs: Path, final_name: str) -> list:
+    """Submit every pass and the final step as dependent job arrays; returns the executors (last = final)."""
+    executors, before = [], None
+    for p in passes:
+        before = make_executor(e, p.pipeline, p.tasks, logs / p.name, p.name, depends=before)
+        executors.append(before)
+    final = make_executor(e, [final_step], 1, logs / final_name, final_name, depends=before)
+    executors.append(final)
+    final.run()  # launches its dependencies first; a pass whose tasks all completed launches nothing
+    return executors
+
+
+def wait_slurm(executors: list, done: Path, poll_seconds: float) -> None:
+    """Block until ``done`` exists; fail when the jobs left the queue without it or can never start."""
+    ids = [str(x.job_id) for x in executors if x.job_id not in (None, -1, "-1")]
+    log.info("curate: waiting for Slurm jobs %s (final marker %s)", ",".join(ids), done)
+    while not done.exists():
+        out = subprocess.run(
+            ["squeue", "-h", "-j", ",".join(ids), "-o", "%i %T %r"], capture_output=True, text=True
+        ).stdout
+        if done.exists():
+            break
+        stuck = [line for line in out.splitlines() if "DependencyNeverSatisfied" in line]
+        if stuck or not out.strip():
+            what = f"jobs {', '.join(stuck)} can never start" if stuck else "the jobs left the queue"
+            raise DataError(
+                f"curate on Slurm: {what} and the final step has not run: a pass failed. See the logs under "
+                f"{done.parent.parent} (<pass>/logs, <pass>/slurm_logs); fix it and rerun `zaya curate`: "
+                "completed tasks are skipped"
+            )
+        time.sleep(poll_seconds)
