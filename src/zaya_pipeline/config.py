@@ -113,8 +113,8 @@ def _default_curate_steps() -> dict[str, Any]:
             "order": 110,
             "enabled": True,
             "n_grams": 5,
-            "num_buckets": 14,
-            "hashes_per_bucket": 8,
+            "num_buckets": 25,
+            "hashes_per_bucket": 4,
         },
         "sentence_dedup": {
             "type": "sentence_dedup",
