@@ -5,7 +5,7 @@ Starts ``mlflow server`` on the store, opens it in headless Chromium (Debian's c
 
 * ``mlflow_sweep_runs.png``: the experiment's run table with the sweep's parent run unfolded;
 * ``mlflow_sweep_charts.png``: the chart view of the same runs (val loss and throughput side by side);
-* ``mlflow_compare.png``: MLflow's compare page for the sweep's two best child runs.
+* ``mlflow_compare.png``: MLflow's compare page for the sweep's two best child runs (differences only).
 
     python scripts/mlflow_screenshots.py --store sqlite:///$PWD/mlflow.db --experiment zaya_pipeline_debug
 
@@ -71,7 +71,7 @@ def main() -> None:
         driver.get(f"{url}/#/experiments/{exp.experiment_id}/runs?compareRunsMode=CHART")
         time.sleep(args.settle * 2)
         close_assistant(driver)
-        filter_charts(driver, "final/")
+        filter_charts(driver, "final/val")
         time.sleep(args.settle)
         shot(driver, out / "mlflow_sweep_charts.png")
 
@@ -81,7 +81,22 @@ def main() -> None:
             driver.get(f"{url}/#/compare-runs?{query}")
             time.sleep(args.settle * 2)
             close_assistant(driver)
+            show_differences(driver)
+            time.sleep(args.settle)
             shot(driver, out / "mlflow_compare.png")
+
+
+def show_differences(driver) -> None:
+    """On the compare page: fold the plots, keep only the parameters and metrics that differ, and scroll to
+    them on a taller window."""
+    from selenium.webdriver.common.by import By
+
+    driver.find_element(By.XPATH, "//*[normalize-space()='Visualizations']").click()
+    for switch in driver.find_elements(By.XPATH, "//label[normalize-space()='Show diff only']")[:2]:
+        switch.click()
+    driver.set_window_size(1600, 1500)
+    header = driver.find_element(By.XPATH, "//*[normalize-space()='Parameters']")
+    driver.execute_script("arguments[0].scrollIntoView(true);", header)
 
 
 def shot(driver, path: Path) -> None:
