@@ -31,11 +31,7 @@ from zaya_pipeline.errors import ConfigError
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x84\x86-\x9f\u200b-\u200d\u2060\ufeff]")
 _LINE_BREAKS = re.compile(r"\r\n?|[\x85\u2028\u2029]")
 # Space separators other than " " (NBSP, en/em/thin spaces, ideographic space, ...) become " "; tabs stay.
-_UNICODE_SPACES = str.maketrans(
-    dict.fromkeys([0xA0, 0x1680, *range(0x2000, 0x200B), 0x202F, 0x205F, 0x3000], " ")
-)
-_INNER_RUN = re.compile(r"(?<=\S)[^\S\n]{2,}(?=\S)|(?<=\S)\t(?=\S)")  # inside a line, after its indentation
-_TRAILING = re.compile(r"[^\S\n]+$", re.MULTILINE)
+_UNICODE_SPACES = re.compile("[\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]")
 
 
 class TextNormalizer(BaseFormatter):
@@ -66,12 +62,16 @@ class TextNormalizer(BaseFormatter):
         self._blank = re.compile(rf"\n{{{max_blank_lines + 2},}}") if max_blank_lines >= 0 else None
 
     def format(self, text: str) -> str:
-        if self.form:
+        if self.form and not unicodedata.is_normalized(self.form, text):
             text = unicodedata.normalize(self.form, text)
         if self.strip_control:
             text = _CONTROL.sub("", _LINE_BREAKS.sub("\n", text))
-        if self.collapse_spaces:
-            text = _TRAILING.sub("", _INNER_RUN.sub(" ", text.translate(_UNICODE_SPACES)))
+        if self.collapse_spaces:  # per line, with str methods: ~6x faster than look-around regexes
+            lines = []
+            for line in _UNICODE_SPACES.sub(" ", text).split("\n"):
+                body = line.lstrip(" \t")
+                lines.append(line[: len(line) - len(body)] + " ".join(body.split()) if body else "")
+            text = "\n".join(lines)
         if self._blank is not None:
             text = self._blank.sub("\n" * (self.max_blank_lines + 1), text)
         return text.strip("\n")
@@ -83,9 +83,9 @@ class CountEdits(PipelineStep):
     type = "✂️ - FORMAT"
 
     def __init__(self, formatter: BaseFormatter):
+        self.name = formatter.name  # before PipelineStep.__init__, which names the stats after it
         super().__init__()
         self.formatter = formatter
-        self.name = formatter.name
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         for doc in data:
