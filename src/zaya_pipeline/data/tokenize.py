@@ -26,6 +26,7 @@ from zaya_pipeline.config import TokenizeConfig, ZayaConfig
 from zaya_pipeline.data.loader import read_shards, token_counts
 from zaya_pipeline.data.text_io import CURATED_GLOB, curated_files
 from zaya_pipeline.errors import ConfigError, DataError
+from zaya_pipeline.progress import Progress
 from zaya_pipeline.utils import atomic_dir, get_logger, read_json, remove_outputs, set_project_env, write_json
 
 log = get_logger("tokenize")
@@ -104,10 +105,12 @@ def tokenize(cfg: ZayaConfig) -> dict:
     dtype = token_dtype(tok_meta["vocab_size"])
     start = time.perf_counter()
     with atomic_dir(out_dir) as tmp:
-        splits = {
-            split: _tokenize_split(cfg, split, tok_file, tok_meta, tmp / split, logs / split, dtype)
-            for split in SPLITS
-        }
+        splits = {}
+        with Progress(len(SPLITS), "tokenize", "split", logger=log, every_s=0) as bar:
+            for split in SPLITS:
+                out = tmp / split
+                splits[split] = _tokenize_split(cfg, split, tok_file, tok_meta, out, logs / split, dtype)
+                bar.update(1, last=split, tokens=splits[split]["tokens"])
         nats = unigram_cross_entropy(
             read_shards(tmp / "train", dtype), read_shards(tmp / "val", dtype), tok_meta["vocab_size"]
         )

@@ -25,6 +25,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from zaya_pipeline.config import TokenizerConfig, ZayaConfig
 from zaya_pipeline.data.text_io import iter_documents
 from zaya_pipeline.errors import ConfigError, DataError
+from zaya_pipeline.progress import Progress, stderr_is_terminal
 from zaya_pipeline.utils import (
     atomic_dir,
     get_logger,
@@ -126,7 +127,7 @@ def train_bpe(texts: Iterable[str], tcfg: TokenizerConfig) -> Tokenizer:
         min_frequency=tcfg.min_frequency,
         special_tokens=special_tokens(tcfg),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        show_progress=stderr_is_terminal(),  # the BPE merges' own bar, on a terminal only
     )
     tok.train_from_iterator(texts, trainer=trainer)
     if tok.get_vocab_size() < tcfg.vocab_size:
@@ -200,10 +201,12 @@ class _Counter:
         self.docs = self.chars = 0
 
     def __iter__(self) -> Iterator[str]:
-        for doc in self._docs:
-            self.docs += 1
-            self.chars += len(doc["text"])
-            yield doc["text"]
+        with Progress(0, "tokenizer: reading", "doc", logger=log) as bar:
+            for doc in self._docs:
+                self.docs += 1
+                self.chars += len(doc["text"])
+                bar.update(1)
+                yield doc["text"]
 
 
 def _compression_sample(tok: Tokenizer, curated: str) -> tuple[int, int, int]:
