@@ -174,13 +174,17 @@ def tiny_tokenizer(folder: Path, curated: Path) -> Path:
 
 
 def test_token_counts_go_into_plots_and_the_page(curated_run, tmp_path):
+    tok = tiny_tokenizer(tmp_path / "tok", curated_run / "curated")
+    alone = add_token_counts(
+        tmp_path / "alone", {"train": {"docs": 1, "tokens": 9}}, tok, curated_run / "removed"
+    )
+    assert [p.name for p in alone] == ["data_tokens.csv"], "no curate report there: only the split counts"
     report_of(curated_run, tmp_path)
     splits = {
         "train": {"docs": 20, "tokens": 5000, "bytes": 21000},
         "val": {"docs": 2, "tokens": 400, "bytes": 1700},
     }
     assert [p.name for p in add_token_counts(tmp_path, splits)] == ["data_tokens.csv", "data_report.html"]
-    tok = tiny_tokenizer(tmp_path / "tok", curated_run / "curated")
     paths = add_token_counts(tmp_path, splits, tok, curated_run / "removed")
     assert read_csv(paths[0]) == [
         {"split": "train", "docs": "20", "tokens": "5000", "bytes": "21000"},

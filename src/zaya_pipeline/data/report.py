@@ -419,22 +419,23 @@ def add_token_counts(
 ) -> list[Path]:
     """For the end of the tokenize stage: token counts into the report.
 
-    ``splits`` = {split: {docs, tokens, bytes}} → ``plots/data_tokens.csv``; with the tokenizer and the
-    removed documents, their tokens per step and reason → ``plots/data_tokens_dropped.csv``. When the curate
-    stage wrote a report in ``reports_dir``, its HTML page gets both tables, and with ``registry_cfg`` the
-    files go to the MLflow run that holds that report (found by the digest of ``data_report.json``)."""
+    ``splits`` = {split: {docs, tokens, bytes}} → ``plots/data_tokens.csv``. When the curate stage wrote a
+    report in ``reports_dir``: with the tokenizer and the removed documents, their tokens per step and reason
+    → ``plots/data_tokens_dropped.csv``; the HTML page gets both tables; with ``registry_cfg`` the files go to
+    the MLflow run that holds that report (found by the digest of ``data_report.json``)."""
     reports_dir = Path(reports_dir)
     rows = [[s, v["docs"], v["tokens"], v.get("bytes", "")] for s, v in splits.items()]
     paths = [_write_csv(reports_dir / PLOTS / TOKENS_CSV, ["split", "docs", "tokens", "bytes"], rows)]
+    if not ((reports_dir / REPORT_JSON).is_file() and (reports_dir / REPORT_PNG).is_file()):
+        return paths  # no curate report here (a tokenize run on its own): nothing to add to
     dropped = None
     if tokenizer_file is not None and removed is not None and Path(removed).is_dir():
         dropped = count_dropped_tokens(Path(removed), Path(tokenizer_file))
         header = ["step", "reason", "docs", "tokens"]
         paths.append(_write_csv(reports_dir / PLOTS / TOKENS_DROPPED_CSV, header, dropped))
-    if (reports_dir / REPORT_JSON).is_file() and (reports_dir / REPORT_PNG).is_file():
-        paths.append(render_html(reports_dir, tokens=splits, dropped_tokens=dropped))
-        if registry_cfg is not None:
-            _add_to_report_run(paths, reports_dir / REPORT_JSON, registry_cfg)
+    paths.append(render_html(reports_dir, tokens=splits, dropped_tokens=dropped))
+    if registry_cfg is not None:
+        _add_to_report_run(paths, reports_dir / REPORT_JSON, registry_cfg)
     return paths
 
 
