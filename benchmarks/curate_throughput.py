@@ -189,6 +189,44 @@ def run_arm(arm: str, raw: Path, tmp: Path) -> dict:
     return result
 
 
+RATIOS = {  # name: (numerator, denominator); "chain" = ours' datatrove passes only
+    "ours_over_fineweb": ("ours", "fineweb"),
+    "chain_over_fineweb": ("chain", "fineweb"),
+    "chain_over_fineweb_tok": ("chain", "fineweb_tok"),
+    "ours_over_fineweb_tok": ("ours", "fineweb_tok"),
+}
+
+
+def aggregate(rounds: list[dict], n_docs: int, mb: float) -> tuple[list[dict], dict]:
+    """Per-round cost ratios, and medians of times, rates (per CPU / wall second) and ratios."""
+
+    def seconds(rd: dict, arm: str, clock: str) -> float:
+        return rd["ours"]["chain"][clock] if arm == "chain" else rd[arm][clock]
+
+    per_round = [
+        {"arms": rd}
+        | {
+            f"ratio_{name}_{clock}": round(seconds(rd, a, clock) / seconds(rd, b, clock), 3)
+            for name, (a, b) in RATIOS.items()
+            for clock in ("cpu", "wall")
+        }
+        for rd in rounds
+    ]
+    medians = {}
+    for clock in ("cpu", "wall"):
+        for arm in (*ARMS, "chain"):
+            s = statistics.median(seconds(rd, arm, clock) for rd in rounds)
+            key = "ours_chain" if arm == "chain" else arm
+            medians[f"{key}_{clock}_s"] = round(s, 2)
+            medians[f"{key}_docs_per_{clock}_s"] = round(n_docs / s, 3)
+            medians[f"{key}_mb_per_{clock}_s"] = round(mb / s, 3)
+        for name in RATIOS:
+            medians[f"ratio_{name}_{clock}"] = statistics.median(
+                r[f"ratio_{name}_{clock}"] for r in per_round
+            )
+    return per_round, medians
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
@@ -217,31 +255,7 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    def rate(x: float, seconds: float) -> float:
-        return round(x / seconds, 3)
-
-    per_round = []
-    for rd in rounds:
-        ours, fw, fwt = rd["ours"], rd["fineweb"], rd["fineweb_tok"]
-        row = {"arms": rd}
-        for clock in ("cpu", "wall"):
-            row[f"ratio_ours_over_fineweb_{clock}"] = round(ours[clock] / fw[clock], 3)
-            row[f"ratio_chain_over_fineweb_{clock}"] = round(ours["chain"][clock] / fw[clock], 3)
-            row[f"ratio_chain_over_fineweb_tok_{clock}"] = round(ours["chain"][clock] / fwt[clock], 3)
-        per_round.append(row)
-    medians = {}
-    for clock in ("cpu", "wall"):
-        for arm in ARMS:
-            s = statistics.median(rd[arm][clock] for rd in rounds)
-            medians[f"{arm}_{clock}_s"] = round(s, 2)
-            medians[f"{arm}_docs_per_{clock}_s"] = rate(len(docs), s)
-            medians[f"{arm}_mb_per_{clock}_s"] = rate(mb, s)
-        s = statistics.median(rd["ours"]["chain"][clock] for rd in rounds)
-        medians[f"ours_chain_{clock}_s"] = round(s, 2)
-        medians[f"ours_chain_docs_per_{clock}_s"] = rate(len(docs), s)
-        medians[f"ours_chain_mb_per_{clock}_s"] = rate(mb, s)
-        for key in ("ours_over_fineweb", "chain_over_fineweb", "chain_over_fineweb_tok"):
-            medians[f"ratio_{key}_{clock}"] = statistics.median(r[f"ratio_{key}_{clock}"] for r in per_round)
+    per_round, medians = aggregate(rounds, len(docs), mb)
     result = {
         "benchmark": "curate_throughput",
         "command": "python " + shlex.join(sys.argv),
