@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from zaya_pipeline.progress import Progress, format_duration
+from zaya_pipeline.testing.logs import log_lines
 
 
 class Clock:
@@ -20,15 +21,6 @@ class Clock:
         return self.now
 
 
-class Lines(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
-
-
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
@@ -36,12 +28,8 @@ class Terminal(io.StringIO):
 
 @pytest.fixture
 def logged():
-    logger = logging.getLogger("test.progress")
-    handler = Lines()
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield logger, handler.lines
-    logger.removeHandler(handler)
+    with log_lines("test.progress") as lines:
+        yield logging.getLogger("test.progress"), lines
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import logging
 import sys
 
 import numpy as np
@@ -13,6 +12,7 @@ import torch
 from matplotlib.container import BarContainer
 
 from zaya_pipeline.eval.plots import tasks_figure, write_task_plots
+from zaya_pipeline.testing.logs import log_lines
 
 TASKS = {
     "arc_easy": {
@@ -65,25 +65,11 @@ def test_write_task_plots_writes_the_csv_and_a_png(tmp_path):
     assert (empty / "tasks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # a note, for dvc plots
 
 
-class Lines(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
-
-
 @pytest.fixture
 def eval_lines(monkeypatch):
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: log lines, no bar
-    handler, logger = Lines(), logging.getLogger("zaya.eval")  # zaya.eval.tasks propagates to it
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield handler.lines
-    logger.removeHandler(handler)
-    logger.setLevel(level)
+    with log_lines("zaya.eval") as lines:  # zaya.eval.tasks propagates to it
+        yield lines
 
 
 class Bigram(torch.nn.Module):
