@@ -92,7 +92,7 @@ def test_dedups_split_the_chain_into_passes(tmp_path: Path):
         ("00_pass_0", 3),
         ("01_exact_dedup_find", 1),
         ("02_pass_1", 3),
-        ("03_minhash_dedup_buckets", 14),
+        ("03_minhash_dedup_buckets", 25),
         ("04_minhash_dedup_cluster", 1),
         ("05_pass_2", 3),
         ("06_sentence_dedup_find", 1),
