@@ -153,3 +153,8 @@ def test_the_mlflow_ui_lists_the_sweep_and_unfolds_its_runs(grid):
             wait_for_run(driver, child.info.run_name, timeout_s=30)
         driver.save_screenshot(str(tmp / "ui.png"))
     assert (tmp / "ui.png").stat().st_size > 10_000
+
+
+def test_a_single_run_leaves_the_sweep_callback_quiet():
+    out = subprocess.run([ZAYA, "model-info", "model=debug"], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0 and "SweepCallback" not in out.stderr, out.stderr[-2000:]

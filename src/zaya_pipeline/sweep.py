@@ -90,6 +90,8 @@ class SweepCallback(Callback):
         )
 
     def on_job_end(self, config, job_return, **kwargs: Any) -> None:
+        if not self.parent_run_id:  # a single run (Hydra calls this hook for those too)
+            return
         from hydra.core.utils import JobStatus
 
         num = int(config.hydra.job.num)
