@@ -20,6 +20,7 @@ from typing import Any
 
 from zaya_pipeline.config import ExecutorConfig
 from zaya_pipeline.errors import ConfigError, DataError
+from zaya_pipeline.progress import Progress
 from zaya_pipeline.utils import get_logger
 
 log = get_logger("curate")
@@ -88,11 +89,12 @@ def run_blocking(e: ExecutorConfig, passes: list, logs: Path) -> None:
 
         if not ray.is_initialized():
             ray.init(address=e.ray.address or None)
-    for i, p in enumerate(passes, 1):
-        t0 = time.monotonic()
-        log.info("curate pass %d/%d %s: %d task(s) ...", i, len(passes), p.name, p.tasks)
-        make_executor(e, p.pipeline, p.tasks, logs / p.name, p.name).run()
-        log.info("curate pass %s done in %.1f s", p.name, time.monotonic() - t0)
+    with Progress(len(passes), "curate", "pass", logger=log, every_s=0) as bar:  # a line per pass
+        for i, p in enumerate(passes, 1):
+            t0 = time.monotonic()
+            log.info("curate pass %d/%d %s: %d task(s) ...", i, len(passes), p.name, p.tasks)
+            make_executor(e, p.pipeline, p.tasks, logs / p.name, p.name).run()
+            bar.update(1, last=p.name, took=f"{time.monotonic() - t0:.1f}s")
 
 
 def submit_slurm(e: ExecutorConfig, passes: list, final_step: Any, logs: Path, final_name: str) -> list:
