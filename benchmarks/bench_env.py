@@ -35,3 +35,19 @@ def version_of(package: str) -> str | None:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def header(benchmark: str, machine_note: str = "") -> dict:
+    """The first keys of a result JSON: what ran, when, from which commit, with which command, where."""
+    import datetime as dt
+    import shlex
+    import sys
+
+    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    return {
+        "benchmark": benchmark,
+        "date": dt.date.today().isoformat(),
+        "command": "python " + shlex.join(sys.argv),
+        "commit": git_commit(),
+        "machine": f"{machine}; {machine_note}" if machine_note else machine,
+    }

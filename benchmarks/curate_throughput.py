@@ -30,19 +30,15 @@ the documents and MB (UTF-8 text in) per second of CPU and of wall time, and the
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import gzip
 import json
-import platform
-import shlex
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench_env import git_commit, version_of
+from bench_env import header, version_of
 
 ARMS = ("ours", "fineweb", "fineweb_tok")
 
@@ -257,11 +253,7 @@ def main() -> None:
 
     per_round, medians = aggregate(rounds, len(docs), mb)
     result = {
-        "benchmark": "curate_throughput",
-        "command": "python " + shlex.join(sys.argv),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "git_commit": git_commit(),
-        "machine": f"{platform.machine()} {platform.processor()}; one core per arm (tasks=1, workers=1)",
+        **header("curate_throughput", "one core per arm (tasks=1, workers=1)"),
         "versions": {p: version_of(p) for p in ("datatrove", "spacy", "fasttext-numpy2-wheel", "tldextract")},
         "input": {"docs": len(docs), "mb": round(mb, 3), "raw": str(args.raw)},
         "kept": {arm: rounds[0][arm]["kept"] for arm in ARMS},

@@ -21,13 +21,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
 import json
-import os
-import platform
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_env import git_commit, version_of
+from bench_env import header, version_of
 
 MODES = ("none", "reset_positions", "mask")
 VOCAB, EOS = 4096, 0
@@ -164,11 +159,7 @@ def main() -> None:
         for unit, key in (("wall", "wall_s"), ("cpu", "cpu_s"))
     }
     result = {
-        "benchmark": "loader_throughput",
-        "date": dt.date.today().isoformat(),
-        "command": "python " + shlex.join(sys.argv),
-        "git_commit": git_commit(),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        **header("loader_throughput"),
         "torch_threads": torch.get_num_threads(),
         "versions": {p: version_of(p) for p in ("torch", "numpy")},
         "tokens": str(args.tokens)

@@ -26,19 +26,15 @@ import os
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per arm, before tokenizers starts its pool
 
 import argparse  # noqa: E402
-import datetime as dt  # noqa: E402
 import gzip  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
-import shlex  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from bench_env import git_commit, version_of  # noqa: E402
+from bench_env import header, version_of  # noqa: E402
 
 BATCH = 10_000
 
@@ -155,11 +151,7 @@ def main() -> None:
         for row in rounds
     )
     result = {
-        "benchmark": "tokenize_throughput",
-        "date": dt.date.today().isoformat(),
-        "command": "python " + shlex.join(sys.argv),
-        "git_commit": git_commit(),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        **header("tokenize_throughput"),
         "versions": {p: version_of(p) for p in ("tokenizers", "datatrove")},
         "corpus": {"folder": str(args.corpus), "copies": args.copies, "docs": len(texts)},
         "vocab_size": args.vocab,
