@@ -16,6 +16,14 @@ from zaya_pipeline.testing.distributed import run_distributed
 
 STEPS, B_LOCAL, SEQ = 10, 2, 16
 MAX_NORM = 0.2  # below the early grad norms: clipping is active, so the global norm must be right
+LR = 1e-2
+# Parameters after STEPS AdamW steps are compared by how far they moved: Adam divides each gradient by its own
+# RMS, so an entry with a near-zero gradient (an embedding row of a rare token) turns float-rounding
+# differences of the gradient into update differences of up to ~LR per step. Elementwise bounds then depend
+# on the machine's BLAS (an AMD EPYC/MKL machine put single entries 2e-5..5e-5 off with every loss and grad
+# norm within 1e-4); the update of each tensor as a whole must agree to 1e-3 of its size (measured there:
+# worst 1.5e-6 with 2 processes, 1.0e-4 with 4).
+UPDATE_RTOL = 1e-3
 
 
 def model_config() -> ModelConfig:
@@ -53,7 +61,7 @@ def worker(rank, world, parallel_kw, out):
     model = fresh_model()
     mesh = build_mesh(mesh_sizes(cfg, world, model_config().moe.num_experts))
     parallelize_zaya(model, mesh, cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, foreach=False)
     losses, norms = [], []
     for ids in batches(world):
         loss = lm_loss(model, ids[rank * B_LOCAL : (rank + 1) * B_LOCAL])
@@ -78,7 +86,7 @@ def test_processes_match_one_on_the_global_batch(tmp_path, world, parallel_kw):
     out = str(tmp_path / "rank%d.pt")
     run_distributed(worker, world, parallel_kw, out, timeout_s=240)
     ref = fresh_model()
-    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
+    opt = torch.optim.AdamW(ref.parameters(), lr=LR, foreach=False)
     ref_losses, ref_norms = [], []
     for ids in batches(world):
         # the global mean = the mean of the equal-sized per-rank means
@@ -97,12 +105,16 @@ def test_processes_match_one_on_the_global_batch(tmp_path, world, parallel_kw):
     assert ref_norms[0] > MAX_NORM
     assert ref_losses[-1] < ref_losses[0] - 0.3  # it trained
     ep = parallel_kw["ep"]
+    init = dict(fresh_model().named_parameters())
     for name, p in ref.named_parameters():
         if ".experts." in name and ep > 1:  # EP rank e holds experts e*E/ep..; ranks are ep-minor in the mesh
-            shards = [g["params"][name] for g in got[:ep]]
-            torch.testing.assert_close(torch.cat(shards), p.detach(), rtol=1e-4, atol=1e-5)
+            mine = torch.cat([g["params"][name] for g in got[:ep]])
         else:
-            torch.testing.assert_close(got[0]["params"][name], p.detach(), rtol=1e-4, atol=1e-5)
+            mine = got[0]["params"][name]
+        moved = (p - init[name]).norm()
+        assert moved > 0, name
+        off = (mine - p).norm() / moved
+        assert off < UPDATE_RTOL, f"{name}: off by {off:.2e} of its update"
 
 
 def test_bad_parallel_options_name_the_key():
