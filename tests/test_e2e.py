@@ -125,7 +125,8 @@ def test_dvc_exp_run_composes_hydra_overrides(workspace):
 def test_a_queued_dvc_exp_sweep_lands_in_mlflow_and_dvc_exp_show(workspace):
     """Two learning rates queued with `dvc exp run --queue -S` and run with `--run-all` (each in a temporary
     copy of the repo): both appear in `dvc exp show` with their metrics, in `dvc plots diff`, and as MLflow
-    runs tagged with their DVC experiment names in the repo's own store (DVC_ROOT, not the temp copies)."""
+    runs tagged with their DVC experiment names, children of one parent run for the baseline commit, in the
+    repo's own store (DVC_ROOT, not the temp copies)."""
     from mlflow import MlflowClient
 
     run(["git", "add", "-A"], workspace)
@@ -141,6 +142,12 @@ def test_a_queued_dvc_exp_sweep_lands_in_mlflow_and_dvc_exp_show(workspace):
     by_lr = {r.data.params["train.optim.lr"]: r.data.tags["dvc.exp_name"] for r in runs}
     assert {"0.003", "0.02"} <= set(by_lr), by_lr
     names = [by_lr["0.003"], by_lr["0.02"]]
+    swept = [r for r in runs if r.data.params["train.optim.lr"] in ("0.003", "0.02")]
+    parents = {r.data.tags.get("mlflow.parentRunId") for r in swept}
+    assert len(parents) == 1 and None not in parents, parents  # one group per baseline commit
+    parent = client.get_run(parents.pop())
+    head = run(["git", "rev-parse", "HEAD"], workspace).strip()
+    assert parent.data.tags["zaya.sweep"] == "parent" and parent.info.run_name == f"dvc exp {head[:7]}"
 
     shown = json.loads(run([dvc, "exp", "show", "--json"], workspace).strip().splitlines()[-1])
     exps = {}

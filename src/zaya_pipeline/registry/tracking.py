@@ -42,9 +42,13 @@ def default_run_name(model_name: str) -> str:
     return os.environ.get("DVC_EXP_NAME") or f"train {model_name} {time.strftime('%Y-%m-%d %H:%M:%S')}"
 
 
-def run_tags() -> dict[str, str]:
+def run_tags(uri: str | None = None, experiment_id: str | None = None) -> dict[str, str]:
     """Tags for a training run from its environment: the parent run of a Hydra sweep (``sweep.py``), and the
-    name and baseline commit of the DVC experiment that runs it (``dvc exp run`` sets both)."""
+    name and baseline commit of the DVC experiment that runs it (``dvc exp run`` sets both).
+
+    DVC experiments of one baseline commit become children of one parent run (``dvc exp <rev>``, created by
+    the first of them), as a Hydra sweep's jobs do, when ``uri`` and ``experiment_id`` are given.
+    """
     from zaya_pipeline.sweep import PARENT_ENV
 
     env, tags = os.environ, {}
@@ -54,7 +58,40 @@ def run_tags() -> dict[str, str]:
         tags["dvc.exp_name"] = env["DVC_EXP_NAME"]
     if env.get("DVC_EXP_BASELINE_REV"):
         tags["dvc.baseline_rev"] = env["DVC_EXP_BASELINE_REV"]
+        if uri and experiment_id and "mlflow.parentRunId" not in tags:
+            parent = dvc_parent_run(uri, experiment_id, env["DVC_EXP_BASELINE_REV"])
+            tags.update({"mlflow.parentRunId": parent, "zaya.sweep": "child"})
     return tags
+
+
+def dvc_parent_run(uri: str, experiment_id: str, baseline_rev: str) -> str:
+    """The id of the MLflow run grouping the DVC experiments of ``baseline_rev``; the first one creates it.
+
+    Queued experiments may run in parallel (``dvc exp run --run-all -j 2``): if two create a parent at once,
+    the later one deletes its own and both use the oldest.
+    """
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    query = f"tags.`zaya.dvc_baseline` = '{baseline_rev}'"
+
+    def oldest():
+        order = ["attributes.start_time ASC"]
+        found = client.search_runs([experiment_id], query, order_by=order, max_results=1)
+        return found[0].info.run_id if found else None
+
+    if (existing := oldest()) is not None:
+        return existing
+    run = client.create_run(
+        experiment_id,
+        run_name=f"dvc exp {baseline_rev[:7]}",
+        tags={"zaya.sweep": "parent", "zaya.dvc_baseline": baseline_rev, "dvc.baseline_rev": baseline_rev},
+    )
+    client.set_terminated(run.info.run_id)  # a group, not a job: nothing runs in it
+    first = oldest()
+    if first != run.info.run_id:
+        client.delete_run(run.info.run_id)
+    return first
 
 
 def setup_mlflow(cfg: RegistryConfig) -> str:

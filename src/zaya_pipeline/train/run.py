@@ -283,7 +283,7 @@ def train(cfg: ZayaConfig) -> dict:
             run_name=cfg.registry.run_name or default_run_name(model_cfg.name),
             tracking_uri=uri,
             log_model=False,
-            tags=run_tags(),  # a sweep's child, a DVC experiment's name
+            tags=run_tags(uri, experiment_id),  # a sweep's child, a DVC experiment's name and group
         )
     else:
         from lightning.pytorch.loggers.logger import DummyLogger
