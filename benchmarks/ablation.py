@@ -45,14 +45,14 @@ TARGET = "cca+zaya1"
 
 def model_cfg(overrides: list[str]):
     from zaya_pipeline.config import load_config
-    from zaya_pipeline.model.params import with_resolved_vocab
+    from zaya_pipeline.model.sizing import with_resolved_vocab
 
     return with_resolved_vocab(load_config(["model=tiny", *overrides]))
 
 
 def matched_expert_hidden(overrides: list[str], target_active: int) -> int:
     """The expert width whose active non-embedding parameter count is closest to ``target_active``."""
-    from zaya_pipeline.model.params import num_active_params
+    from zaya_pipeline.model.sizing import num_active_params
 
     base = model_cfg(overrides)
 
@@ -76,7 +76,7 @@ def load_balance(plots: Path, num_experts: int) -> float:
 
 
 def run_arm(name: str, overrides: list[str], seed: int, train: str, workdir: Path) -> dict:
-    from zaya_pipeline.model.params import num_active_params, num_params
+    from zaya_pipeline.model.sizing import num_active_params, num_params
 
     out = workdir / f"{name.split()[0]}-s{seed}"
     cmd = [
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = sweep_parser(__doc__, list(ARMS), "/tmp/zaya_ablation", out)
     args, seeds, arms = parse_sweep(parser, argv, list(ARMS))
 
-    from zaya_pipeline.model.params import num_active_params
+    from zaya_pipeline.model.sizing import num_active_params
 
     target = num_active_params(model_cfg(ARMS[TARGET][0]), include_embedding=False)
     rows = []

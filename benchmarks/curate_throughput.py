@@ -164,7 +164,7 @@ def run_fineweb(raw: Path, work: Path, our_tokenizer: bool) -> dict:
     from datatrove.executor import LocalPipelineExecutor
     from datatrove.utils.typeshelper import Languages
 
-    from zaya_pipeline.data.steps import EnglishTokenizer
+    from zaya_pipeline.data.datatrove_parts import EnglishTokenizer
 
     tok = EnglishTokenizer() if our_tokenizer else Languages.english
     for i, (pipeline, tasks) in enumerate(fineweb_passes(raw, work, tok)):

@@ -216,7 +216,7 @@ def rel_err(a: torch.Tensor | None, b: torch.Tensor | None) -> float | None:
 
 def measure_pass(forward: Callable, inp: dict, device: torch.device) -> dict:
     """One forward+backward: saved-for-backward bytes, peak memory (cuda) and the outputs for parity."""
-    from zaya_pipeline.testing.memory import saved_activation_bytes
+    from zaya_pipeline.profiling import saved_activation_bytes
 
     for k in GRAD_NAMES:
         inp[k].grad = None

@@ -48,7 +48,7 @@ def main() -> None:
     args = p.parse_args()
 
     from zaya_pipeline.config import load_config
-    from zaya_pipeline.model.params import forward_flops_per_token, num_active_params
+    from zaya_pipeline.model.sizing import forward_flops_per_token, num_active_params
     from zaya_pipeline.model.transformer import ZayaLM
     from zaya_pipeline.train.throughput import mfu, resolve_peak
 

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import urllib.parse
 from pathlib import Path
 
-from zaya_pipeline.testing.mlflow_ui import (
+# The browser helpers are the MLflow UI test's (tests/support/mlflow_ui.py), not part of the package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.mlflow_ui import (  # noqa: E402
     browser_missing,
     chromium,
     close_assistant,

@@ -9,7 +9,7 @@ import yaml
 
 from zaya_pipeline.config import GROUPS, ZayaConfig, load_config, load_params
 from zaya_pipeline.errors import ConfigError
-from zaya_pipeline.params import compose_params_yaml
+from zaya_pipeline.params_file import compose_params_yaml
 
 
 def test_params_yaml_is_the_composed_default(repo_root):

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from support.logs import log_lines
 from zaya_pipeline.progress import Progress, format_duration
-from zaya_pipeline.testing.logs import log_lines
 
 
 class Clock:

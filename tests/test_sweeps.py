@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from train.token_shards import write_shards
-from zaya_pipeline.testing.mlflow_ui import (
+from support.mlflow_ui import (
     browser_missing,
     chromium,
     expand_run,
@@ -19,6 +18,7 @@ from zaya_pipeline.testing.mlflow_ui import (
     open_runs,
     wait_for_run,
 )
+from train.token_shards import write_shards
 
 pytestmark = pytest.mark.slow
 

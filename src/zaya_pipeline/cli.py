@@ -38,9 +38,9 @@ STAGES: dict[str, Stage] = {
     ),
     "register": Stage("zaya_pipeline.registry.register:register", "log and register the model in MLflow"),
     "summary": Stage("zaya_pipeline.summary:summary", "print where the metrics, plots and model are"),
-    "model-info": Stage("zaya_pipeline.model.params:model_info", "parameter counts and FLOPs/token as JSON"),
+    "model-info": Stage("zaya_pipeline.model.sizing:model_info", "parameter counts and FLOPs/token as JSON"),
     "plan": Stage(
-        "zaya_pipeline.distributed.plan:plan",
+        "zaya_pipeline.train.memory_plan:plan",
         "per-device memory and communication plan for a model x parallel layout",
     ),
 }
@@ -151,7 +151,7 @@ def _run_hydra(stage: str, argv: list[str]) -> None:
 
 
 def _params_command(argv: list[str]) -> None:
-    from zaya_pipeline.params import write_params
+    from zaya_pipeline.params_file import write_params
 
     parser = argparse.ArgumentParser(prog="zaya params", description=PARAMS_HELP)
     parser.add_argument("--out", default="params.yaml", help="file to write (default: params.yaml)")
@@ -165,7 +165,7 @@ def _params_command(argv: list[str]) -> None:
 
 
 def _generate_command(argv: list[str]) -> None:
-    from zaya_pipeline.registry.generate import generate
+    from zaya_pipeline.registry.generate_cli import generate
 
     try:
         for text in generate(argv):

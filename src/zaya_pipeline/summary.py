@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from zaya_pipeline.config import ZayaConfig
-from zaya_pipeline.registry.tracking import tracking_uri
+from zaya_pipeline.tracking import tracking_uri
 
 
 def _load(path: Path) -> dict:

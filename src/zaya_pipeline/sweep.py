@@ -27,9 +27,9 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from zaya_pipeline.tracking import PARENT_ENV
 from zaya_pipeline.utils import get_logger, read_json
 
-PARENT_ENV = "ZAYA_SWEEP_PARENT_RUN_ID"  # read by train.run to make its MLflow run a child of the sweep
 KEYS_ENV = "ZAYA_SWEEP_KEYS"  # the swept keys, comma-separated: a job's run name shows only their values
 METRICS = ("val_loss", "val_ppl", "val_over_unigram", "tokens_per_s", "steps")  # from reports/train.json
 OBJECTIVE = "val_loss"  # lower is better; what "best" means in the summary and for Optuna
@@ -66,7 +66,7 @@ class SweepCallback(Callback):
         from omegaconf import OmegaConf
 
         from zaya_pipeline.config import RegistryConfig
-        from zaya_pipeline.registry.tracking import setup_mlflow, tracking_uri
+        from zaya_pipeline.tracking import setup_mlflow, tracking_uri
 
         registry = RegistryConfig(**OmegaConf.to_container(config.registry, resolve=True))
         self.sweep_dir = Path(str(config.hydra.sweep.dir))

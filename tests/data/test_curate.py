@@ -281,7 +281,7 @@ def test_bad_config_fails_before_anything_runs(tmp_path, override, key):
 def test_english_tokenizer_matches_datatrove_spacy_tokenizer():
     from datatrove.utils.word_tokenizers import SpaCyTokenizer
 
-    from zaya_pipeline.data.steps import EnglishTokenizer
+    from zaya_pipeline.data.datatrove_parts import EnglishTokenizer
 
     texts = [
         "Hello, world! It's 3.14 -- isn't it?\nSecond line: e.g. U.S.A. and (brackets).",

@@ -10,8 +10,8 @@ from datatrove.data import Document
 from english_corpus import prose, random_words
 
 from zaya_pipeline.data.chain import ChainStep, build_step
+from zaya_pipeline.data.datatrove_parts import EnglishTokenizer
 from zaya_pipeline.data.filters import CountEdits, TextNormalizer
-from zaya_pipeline.data.steps import EnglishTokenizer
 from zaya_pipeline.errors import ConfigError
 
 GERMAN = (

@@ -8,6 +8,7 @@ import pytest
 import torch
 from test_parallelize import B_LOCAL, batches, fresh_model, lm_loss
 
+from support.distributed import run_distributed
 from zaya_pipeline.config import ParallelConfig
 from zaya_pipeline.distributed.checkpoint import (
     EXPERT_SEP,
@@ -18,7 +19,6 @@ from zaya_pipeline.distributed.checkpoint import (
     save_checkpoint,
 )
 from zaya_pipeline.errors import ConfigError
-from zaya_pipeline.testing.distributed import run_distributed
 
 SPLIT, STEPS, GLOBAL = 3, 8, 4  # steps before the checkpoint, steps in all, sequences per step
 

@@ -6,13 +6,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from support.distributed import run_distributed
 from zaya_pipeline.config import MoEConfig, ParallelConfig
 from zaya_pipeline.distributed.expert_parallel import apply_expert_parallel, expert_parallel_mlp
 from zaya_pipeline.distributed.mesh import MESH_DIMS, build_mesh, mesh_sizes
 from zaya_pipeline.errors import ConfigError
 from zaya_pipeline.model.moe import MoE
 from zaya_pipeline.ops import expert_mlp
-from zaya_pipeline.testing.distributed import run_distributed
 
 WORLD, T_LOCAL, D, F, E, K = 2, 24, 16, 8, 4, 2
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from support.distributed import run_distributed
 from zaya_pipeline.config import AttentionConfig, ModelConfig, MoEConfig, ParallelConfig, RouterConfig
 from zaya_pipeline.errors import ConfigError
 from zaya_pipeline.model.transformer import ZayaLM
-from zaya_pipeline.testing.distributed import run_distributed
 
 STEPS, B_LOCAL, SEQ = 10, 2, 16
 MAX_NORM = 0.2  # below the early grad norms: clipping is active, so the global norm must be right

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from support.distributed import run_distributed
 from zaya_pipeline.config import MoEConfig, RouterConfig
 from zaya_pipeline.model.router import build_router
-from zaya_pipeline.testing.distributed import run_distributed
 
 D, E = 16, 4
 

@@ -18,9 +18,9 @@ from zaya_pipeline.errors import ConfigError, DataError
 from zaya_pipeline.eval.evaluate import evaluate
 from zaya_pipeline.eval.metrics import evaluate_lm
 from zaya_pipeline.eval.token_bytes import token_byte_lengths
-from zaya_pipeline.model.checkpoint import save_model
+from zaya_pipeline.model.saved_model import save_model
 from zaya_pipeline.model.transformer import ZayaLM
-from zaya_pipeline.registry.tracking import TrackingError
+from zaya_pipeline.tracking import TrackingError
 
 DOCS = [f"document {i}: the café serves naïve tea at {i % 7} o'clock, said the dog." for i in range(60)]
 

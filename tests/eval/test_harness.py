@@ -15,7 +15,7 @@ from test_tasks import DOCS, MAX_LEN, make_model, naive_loglik  # noqa: E402
 from zaya_pipeline.config import TokenizerConfig  # noqa: E402
 from zaya_pipeline.data.tokenizer import pad_vocab, train_bpe  # noqa: E402
 from zaya_pipeline.eval.harness import ZayaHarnessLM  # noqa: E402
-from zaya_pipeline.model.checkpoint import save_model  # noqa: E402
+from zaya_pipeline.model.saved_model import save_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import pytest
 import torch
 from matplotlib.container import BarContainer
 
+from support.logs import log_lines
 from zaya_pipeline.eval.plots import tasks_figure, write_task_plots
-from zaya_pipeline.testing.logs import log_lines
 
 TASKS = {
     "arc_easy": {

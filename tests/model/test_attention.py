@@ -150,7 +150,7 @@ def test_cca_init_is_identity_convolution_and_sqrt_head_width_temperature():
 
 
 def test_cca_shrinks_parameters_and_kv_cache_against_mha():
-    from zaya_pipeline.model.params import attention_params, kv_cache_values_per_token
+    from zaya_pipeline.model.sizing import attention_params, kv_cache_values_per_token
 
     mha = small_config(d_model=64, attention=AttentionConfig(n_heads=4))
     cca = small_config(d_model=64, attention=AttentionConfig("cca", n_heads=4, n_kv_heads=1, head_dim=8))

@@ -11,7 +11,7 @@ from model_cfgs import cca_config, small_config
 
 from zaya_pipeline.config import AttentionConfig, MoEConfig, RouterConfig, load_config
 from zaya_pipeline.model import ZayaLM, num_active_params, num_params
-from zaya_pipeline.model.params import forward_flops_per_token, model_info, with_resolved_vocab
+from zaya_pipeline.model.sizing import forward_flops_per_token, model_info, with_resolved_vocab
 
 CONFIGS = [
     small_config(),

@@ -103,7 +103,7 @@ def test_triton_permutation_is_a_stable_sort():
 
 
 def test_triton_backward_saves_less_than_loop():
-    from zaya_pipeline.testing.memory import saved_activation_bytes
+    from zaya_pipeline.profiling import saved_activation_bytes
 
     x, ids, w, wgu, wd = make_inputs(256, 64, 64, 4, 2, "random", torch.float32)
     saved = {}

@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 from zaya_pipeline.config import AttentionConfig, ModelConfig, MoEConfig, TokenizerConfig, ZayaConfig
 from zaya_pipeline.data.tokenizer import pad_vocab, train_bpe
 from zaya_pipeline.eval.evaluate import evaluate
-from zaya_pipeline.model.checkpoint import save_model
+from zaya_pipeline.model.saved_model import save_model
 from zaya_pipeline.model.transformer import ZayaLM
 
 DOCS = [f"document {i}: the café serves naïve tea at {i % 7} o'clock, said the dog." for i in range(60)]

@@ -17,11 +17,11 @@ from mlflow.exceptions import MlflowException
 
 from zaya_pipeline.config import RegistryConfig
 from zaya_pipeline.errors import ConfigError
-from zaya_pipeline.model.checkpoint import load_model, save_model
+from zaya_pipeline.model.saved_model import load_model, save_model
 from zaya_pipeline.registry import register as register_module
 from zaya_pipeline.registry.lineage import decide_promotion, metric_value
 from zaya_pipeline.registry.register import register
-from zaya_pipeline.registry.tracking import TrackingError
+from zaya_pipeline.tracking import TrackingError
 from zaya_pipeline.utils import file_sha256
 
 

@@ -20,7 +20,7 @@ from mlflow import MlflowClient
 from zaya_pipeline.errors import DataError
 from zaya_pipeline.registry.pyfunc import ZayaGenerator
 from zaya_pipeline.registry.register import git_commit, pip_requirements, register
-from zaya_pipeline.registry.tracking import TrackingError
+from zaya_pipeline.tracking import TrackingError
 
 LOAD_AND_GENERATE = """
 import json, sys
@@ -74,7 +74,7 @@ def test_logged_model_holds_the_artifacts_and_pinned_requirements(registered):
     assert {"model.pt", "tokenizer.json", "meta.json", "config.yaml", "metrics.json"} <= names
     assert {"model.safetensors", "model_config.json", "MODEL_CARD.md"} <= names
     # The safetensors copy holds the same weights and loads without pickle.
-    from zaya_pipeline.model.checkpoint import load_model, load_safetensors
+    from zaya_pipeline.model.saved_model import load_model, load_safetensors
 
     st_model, st_cfg = load_safetensors(
         local / "artifacts" / "model.safetensors", local / "artifacts" / "model_config.json"

@@ -8,7 +8,7 @@ import mlflow
 import pytest
 
 from zaya_pipeline.errors import DataError
-from zaya_pipeline.registry.tracking import TrackingError, check_store, read_run_info, using_tracking_uri
+from zaya_pipeline.tracking import TrackingError, check_store, read_run_info, using_tracking_uri
 
 
 def test_run_json_must_exist_parse_and_name_the_run(tmp_path):
@@ -51,8 +51,7 @@ def test_using_tracking_uri_puts_the_uri_and_the_environment_back(tmp_path, monk
 def test_dvc_experiments_of_one_baseline_share_one_parent_run(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
-    from zaya_pipeline.registry.tracking import run_tags
-    from zaya_pipeline.sweep import PARENT_ENV
+    from zaya_pipeline.tracking import PARENT_ENV, run_tags
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(uri)
@@ -81,7 +80,7 @@ def test_dvc_experiments_of_one_baseline_share_one_parent_run(tmp_path, monkeypa
 def test_two_experiments_racing_to_create_the_parent_end_up_with_one(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
-    from zaya_pipeline.registry.tracking import dvc_parent_run
+    from zaya_pipeline.tracking import dvc_parent_run
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(uri)

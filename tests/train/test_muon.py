@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zaya_pipeline.testing.distributed import run_distributed
+from support.distributed import run_distributed
 from zaya_pipeline.train.muon import MuonAdamW, muon_scale, newton_schulz
 
 

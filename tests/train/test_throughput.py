@@ -14,7 +14,7 @@ from test_train_stage import debug_config, log_steps
 
 from zaya_pipeline.data.loader import read_token_meta
 from zaya_pipeline.errors import ConfigError
-from zaya_pipeline.model.params import forward_flops_per_token
+from zaya_pipeline.model.sizing import forward_flops_per_token
 from zaya_pipeline.train import callbacks, throughput
 from zaya_pipeline.train.run import resolve_model_config, train
 from zaya_pipeline.train.throughput import (

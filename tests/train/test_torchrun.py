@@ -16,7 +16,7 @@ import torch
 
 from zaya_pipeline.config import load_config
 from zaya_pipeline.distributed.mesh import mesh_sizes
-from zaya_pipeline.model.checkpoint import load_model
+from zaya_pipeline.model.saved_model import load_model
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = sorted((REPO / "scripts" / "slurm").glob("*.sbatch"))

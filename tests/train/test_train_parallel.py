@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from zaya_pipeline.model.checkpoint import load_model
+from zaya_pipeline.model.saved_model import load_model
 
 
 def run_train(root, token_dir, *overrides):

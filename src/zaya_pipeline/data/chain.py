@@ -215,7 +215,7 @@ def writer(folder: Path, adapter: Any = None) -> Any:
 
 def exclusion(removed: Path, step: str, reason: str = "") -> Any:
     """The writer of what ``step`` drops: ``removed/<step>/<rank>.jsonl.gz``, step and reason in metadata."""
-    from zaya_pipeline.data.steps import removed_record
+    from zaya_pipeline.data.datatrove_parts import removed_record
 
     return writer(removed / step, functools.partial(removed_record, step=step, reason=reason))
 
@@ -271,7 +271,7 @@ def _exact(step: ChainStep, work: Path, excluded: Any, tok: Any) -> Dedup:
         ExactFindDedups,
     )
 
-    from zaya_pipeline.data.steps import normalized_text
+    from zaya_pipeline.data.datatrove_parts import normalized_text
 
     config = ExactDedupConfig(content_getter=normalized_text)
     sigs, dups = str(work / "sigs"), str(work / "dups")
@@ -332,8 +332,8 @@ def build_passes(
     steps: list[ChainStep], tasks: int, raw: Path, work: Path, curated: Path, removed: Path
 ) -> list[Pass]:
     """Every executor run of the chain, in order, named ``<index>_<what>``."""
+    from zaya_pipeline.data.datatrove_parts import EnglishTokenizer, curated_record
     from zaya_pipeline.data.filters import EnsureShard
-    from zaya_pipeline.data.steps import EnglishTokenizer, curated_record
 
     tok = EnglishTokenizer()  # one instance for every step of a pass: its word lists are cached per instance
     passes: list[Pass] = []

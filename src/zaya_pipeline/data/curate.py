@@ -208,8 +208,8 @@ def _replace_dir(src: Path, dst: Path) -> None:
 
 def finish(cfg: ZayaConfig, passes: list[PassInfo]) -> dict:
     """Check the accounting, move the outputs into place, write curate.json and the data report."""
+    from zaya_pipeline.data.datatrove_parts import zero_gzip_mtime
     from zaya_pipeline.data.report import log_report_to_mlflow, write_report
-    from zaya_pipeline.data.steps import zero_gzip_mtime
 
     lay = Layout.of(cfg)
     staged_curated, staged_removed = lay.work / "curated", lay.work / "removed"

@@ -62,7 +62,7 @@ def length_bin(words: int) -> int:
 def _exact_key(text: str) -> str:
     from datatrove.utils.text import simplify_text
 
-    from zaya_pipeline.data.steps import EXACT_NORM  # the normalization exact dedup hashed
+    from zaya_pipeline.data.datatrove_parts import EXACT_NORM  # the normalization exact dedup hashed
 
     return hashlib.blake2b(simplify_text(text, EXACT_NORM).encode("utf-8"), digest_size=16).hexdigest()
 
@@ -447,7 +447,7 @@ def _add_to_report_run(paths: list[Path], report_json: Path, registry_cfg) -> st
     """Log ``paths`` into the MLflow run of the report ``report_json`` (None when no run holds it)."""
     import mlflow
 
-    from zaya_pipeline.registry.tracking import tracking_uri, using_tracking_uri
+    from zaya_pipeline.tracking import tracking_uri, using_tracking_uri
 
     with using_tracking_uri(tracking_uri(registry_cfg)):
         experiment = mlflow.get_experiment_by_name(registry_cfg.experiment_name)
@@ -474,7 +474,7 @@ def log_report_to_mlflow(paths: list[Path], registry_cfg) -> str:
     ``registry.experiment_name`` of the configured store; returns the run id."""
     import mlflow
 
-    from zaya_pipeline.registry.tracking import setup_mlflow, tracking_uri, using_tracking_uri
+    from zaya_pipeline.tracking import setup_mlflow, tracking_uri, using_tracking_uri
 
     with using_tracking_uri(tracking_uri(registry_cfg)):
         experiment_id = setup_mlflow(registry_cfg)

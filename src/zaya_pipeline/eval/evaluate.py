@@ -24,7 +24,7 @@ from zaya_pipeline.config import ZayaConfig
 from zaya_pipeline.errors import ConfigError, DataError
 from zaya_pipeline.eval.metrics import EvalResult, evaluate_lm
 from zaya_pipeline.eval.token_bytes import load_byte_lengths
-from zaya_pipeline.registry.tracking import TrackingError, get_run, read_run_info
+from zaya_pipeline.tracking import TrackingError, get_run, read_run_info
 from zaya_pipeline.utils import get_logger, remove_outputs, write_json
 
 log = get_logger("eval")
@@ -137,7 +137,7 @@ def evaluate(cfg: ZayaConfig) -> dict:
 
     from zaya_pipeline.data.loader import PackedDataset, load_split, read_token_meta
     from zaya_pipeline.eval.plots import write_task_plots
-    from zaya_pipeline.model.checkpoint import load_model
+    from zaya_pipeline.model.saved_model import load_model
 
     out = Path(cfg.paths.reports) / METRICS_FILE
     plots = Path(cfg.paths.reports) / "plots"

@@ -30,7 +30,7 @@ class ZayaHarnessLM(LM):
         super().__init__()
         from tokenizers import Tokenizer
 
-        from zaya_pipeline.model.checkpoint import load_model
+        from zaya_pipeline.model.saved_model import load_model
 
         self.zaya, _ = load_model(model_path, map_location=device)
         self.zaya.eval()

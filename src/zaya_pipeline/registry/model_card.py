@@ -15,7 +15,7 @@ def model_card(
 ) -> str:
     """``data``: token counts per split (tokenize meta.json); ``training``: the train stage's report plus the
     optimizer and schedule names."""
-    from zaya_pipeline.model.params import num_active_params, num_params
+    from zaya_pipeline.model.sizing import num_active_params, num_params
 
     moe, attn = model_cfg.moe, model_cfg.attention
     kv_heads = attn.n_kv_heads or attn.n_heads

@@ -63,7 +63,7 @@ class ZayaGenerator(mlflow.pyfunc.PythonModel):
         import torch
         from tokenizers import Tokenizer
 
-        from zaya_pipeline.model.checkpoint import load_model
+        from zaya_pipeline.model.saved_model import load_model
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model, self.model_cfg = load_model(context.artifacts["model"], map_location=self.device)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from zaya_pipeline.config import ZayaConfig
 from zaya_pipeline.errors import ConfigError, DataError
-from zaya_pipeline.model.checkpoint import save_safetensors
+from zaya_pipeline.model.saved_model import save_safetensors
 from zaya_pipeline.registry.lineage import (
     WEIGHTS_TAG,
     apply_aliases,
@@ -32,7 +32,7 @@ from zaya_pipeline.registry.lineage import (
     existing_version,
     metric_value,
 )
-from zaya_pipeline.registry.tracking import (
+from zaya_pipeline.tracking import (
     TrackingError,
     get_run,
     read_run_info,
@@ -122,7 +122,7 @@ def _log_model(cfg: ZayaConfig, run_id: str, uri: str, artifacts: dict[str, str]
 def _model_config(path: Path):
     import torch
 
-    from zaya_pipeline.model.checkpoint import model_config_from_dict
+    from zaya_pipeline.model.saved_model import model_config_from_dict
 
     try:  # mmap: the weights are not read, only the config next to them
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)

@@ -39,7 +39,7 @@ class TrainTelemetry(L.Callback):
     Tokens are counted per batch (the batch ramp changes them); skipped updates still count as tokens seen.
 
     MFU (``train/mfu``, ``train/tflops_per_device``) is logged when ``flops_per_token`` (training FLOPs per
-    token: 3 x ``model.params.forward_flops_per_token``) is given and a peak is known: ``peak_flops`` (FLOP/s
+    token: 3 x ``model.sizing.forward_flops_per_token``) is given and a peak is known: ``peak_flops`` (FLOP/s
     of one device), else what ``train.throughput.resolve_peak`` finds at train start for the device,
     ``precision`` and ``param_dtype`` (FSDP2's compute dtype; "float32" without FSDP2): a datasheet figure,
     ``$ZAYA_PEAK_TFLOPS`` or, on CPU, a measured one.

@@ -37,8 +37,8 @@ from zaya_pipeline.distributed.checkpoint import (
     list_checkpoints,
 )
 from zaya_pipeline.errors import ConfigError, DataError, Preempted
-from zaya_pipeline.model.checkpoint import save_model
-from zaya_pipeline.model.params import forward_flops_per_token, num_active_params, num_params
+from zaya_pipeline.model.saved_model import save_model
+from zaya_pipeline.model.sizing import forward_flops_per_token, num_active_params, num_params
 from zaya_pipeline.train.optim import check_batch, check_schedule, planned_schedule
 from zaya_pipeline.utils import (
     atomic_dir,
@@ -222,7 +222,7 @@ def train(cfg: ZayaConfig) -> dict:
     import lightning as L
     from lightning.pytorch.loggers import MLFlowLogger
 
-    from zaya_pipeline.registry.tracking import default_run_name, run_tags, setup_mlflow, tracking_uri
+    from zaya_pipeline.tracking import default_run_name, run_tags, setup_mlflow, tracking_uri
     from zaya_pipeline.train.callbacks import TrainTelemetry
     from zaya_pipeline.train.checkpointing import Checkpointing
     from zaya_pipeline.train.data import TokenDataModule, source_dirs

@@ -2,7 +2,7 @@
 
     MFU = tokens/s per device x training FLOPs per token / peak FLOP/s of one device
 
-The FLOPs per token are ``3 x model.params.forward_flops_per_token`` (active parameters plus attention,
+The FLOPs per token are ``3 x model.sizing.forward_flops_per_token`` (active parameters plus attention,
 the PaLM convention): recomputation under activation checkpointing is not counted, so MFU measures the
 model's useful work, not what the hardware executed.
 

@@ -7,7 +7,7 @@ import argparse
 from zaya_pipeline.config import RegistryConfig
 from zaya_pipeline.errors import ConfigError
 from zaya_pipeline.registry.pyfunc import DEFAULT_PARAMS
-from zaya_pipeline.registry.tracking import TrackingError, tracking_uri, using_tracking_uri
+from zaya_pipeline.tracking import TrackingError, tracking_uri, using_tracking_uri
 
 HELP = "generate text with a registered model (e.g. --model models:/zaya-moe@champion)"
 

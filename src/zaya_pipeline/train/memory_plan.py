@@ -1,7 +1,7 @@
 """``zaya plan``: per-device memory and communication of a training step in closed form (docs/memory_plan.md).
 
 The planner builds nothing and runs nothing: it counts bytes from the config (``model.*``, ``parallel.*``,
-``train.*``) with the parameter counts of :mod:`zaya_pipeline.model.params` and the layout of
+``train.*``) with the parameter counts of :mod:`zaya_pipeline.model.sizing` and the layout of
 :mod:`zaya_pipeline.distributed.parallelize` (experts split over ``ep`` ranks, each expert FSDP-sharded over
 ``dp_shard / ep``; every other weight FSDP-sharded over ``dp_shard``; ``dp_replicate`` replicas). The
 activation formulas follow what the model's code saves for backward, layer by layer (tests check them
@@ -27,7 +27,7 @@ from zaya_pipeline.distributed.mesh import MeshSizes, mesh_sizes
 from zaya_pipeline.distributed.parallelize import AC_MODES, PARAM_DTYPES
 from zaya_pipeline.errors import ConfigError
 from zaya_pipeline.model.attention import head_dims, rotary_dim
-from zaya_pipeline.model.params import num_params, with_resolved_vocab
+from zaya_pipeline.model.sizing import num_params, with_resolved_vocab
 from zaya_pipeline.model.transformer import validate_model_config
 
 GB, MB = 1e9, 1e6  # decimal units, as the devices are sold
@@ -134,7 +134,7 @@ def layout_of(cfg: ZayaConfig, m: ModelConfig) -> Layout:
 
 @dataclass(frozen=True)
 class Counts:
-    """Parameter counts (numbers, unsharded, all experts) from model.params."""
+    """Parameter counts (numbers, unsharded, all experts) from model.sizing."""
 
     total: int
     embedding: int  # token embedding (+ untied output head)

@@ -1,4 +1,4 @@
-"""zaya plan (distributed/plan.py): the closed-form per-device memory and communication plan.
+"""zaya plan (train/memory_plan.py): the closed-form per-device memory and communication plan.
 
 * The per-layer activation formulas equal the bytes autograd saves for backward
   (``testing.memory.saved_activation_bytes``) for every attention, router and expert-backend variant.
@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from support.distributed import run_distributed
 from zaya_pipeline.config import AttentionConfig, ModelConfig, MoEConfig, RouterConfig, load_config
-from zaya_pipeline.distributed.plan import AC_MODES, DEVICES, GB, activations, block_saved, memory_plan
 from zaya_pipeline.errors import ConfigError
-from zaya_pipeline.model.params import num_params
+from zaya_pipeline.model.sizing import num_params
 from zaya_pipeline.model.transformer import Block, ZayaLM
 from zaya_pipeline.ops.expert_mlp import triton_available
-from zaya_pipeline.testing.distributed import run_distributed
-from zaya_pipeline.testing.memory import saved_activation_bytes
+from zaya_pipeline.profiling import saved_activation_bytes
+from zaya_pipeline.train.memory_plan import AC_MODES, DEVICES, GB, activations, block_saved, memory_plan
 
 TOLERANCE = 0.15  # the issue's bar for planned vs measured peak memory
 
@@ -138,7 +138,7 @@ def _train_steps(cfg, world: int, steps: int = 2) -> None:
     from zaya_pipeline.distributed.grad_norm import clip_grad_norm_
     from zaya_pipeline.distributed.mesh import build_mesh, mesh_sizes
     from zaya_pipeline.distributed.parallelize import _checkpoint_blocks, parallelize_zaya
-    from zaya_pipeline.model.params import with_resolved_vocab
+    from zaya_pipeline.model.sizing import with_resolved_vocab
     from zaya_pipeline.train.module import lm_loss
     from zaya_pipeline.train.optim import build_optimizer
 

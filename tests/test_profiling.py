@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from zaya_pipeline.testing.memory import saved_activation_bytes
+from zaya_pipeline.profiling import saved_activation_bytes
 
 
 def test_counts_a_saved_output():

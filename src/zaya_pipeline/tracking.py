@@ -20,6 +20,10 @@ DEFAULT_DB = "mlflow.db"  # under the working directory (the repo root under DVC
 DEFAULT_ARTIFACTS = "mlartifacts"
 
 
+# Set by a Hydra sweep (sweep.py) for its jobs: their training runs become children of this MLflow run.
+PARENT_ENV = "ZAYA_SWEEP_PARENT_RUN_ID"
+
+
 def tracking_uri(cfg: RegistryConfig) -> str:
     """``registry.tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<root>/mlflow.db``.
 
@@ -49,8 +53,6 @@ def run_tags(uri: str, experiment_id: str) -> dict[str, str]:
     DVC experiments of one baseline commit become children of one parent run (``dvc exp <rev>``, created by
     the first of them in experiment ``experiment_id`` of the store ``uri``), as a Hydra sweep's jobs do.
     """
-    from zaya_pipeline.sweep import PARENT_ENV
-
     env, tags = os.environ, {}
     if env.get(PARENT_ENV):
         tags.update({"mlflow.parentRunId": env[PARENT_ENV], "zaya.sweep": "child"})

@@ -1,1 +1,0 @@
-"""Helpers for tests: tiny fixtures and markers."""

@@ -1,0 +1,1 @@
+"""Helpers for the tests (not shipped): gloo process groups, log capture, the MLflow UI in a browser."""
