@@ -1,7 +1,9 @@
 """End to end: the debug pipeline through `dvc repro` in a temporary copy of the repo.
 
-Checks that every stage runs for real and chains, that a second `dvc repro` runs nothing, that changing one
-param re-runs only the stages downstream of it, and that `dvc exp run -S` composes through Hydra.
+Checks that every stage runs for real and chains, that each stage reads only the params it lists and writes
+only the outputs it declares, that touching a module changes exactly the stages that import it, that a
+second `dvc repro` runs nothing, that changing one param re-runs only the stages downstream of it, and that
+`dvc exp run -S` composes through Hydra.
 """
 
 from __future__ import annotations
@@ -15,15 +17,30 @@ from pathlib import Path
 
 import pytest
 
+from support.wiring import (
+    REPO,
+    covered,
+    dvc_stages,
+    entry_module,
+    import_closure,
+    module_file,
+    param_problems,
+)
+
 pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
+STAGE_ORDER = ("prepare", "curate", "tokenizer", "tokenize", "train", "eval-data", "evaluate", "register")
+# Written by tools, not by a stage's own logic: git and DVC's own state, and the MLflow store (mlflow.db and
+# mlartifacts/, which every run writes to by design: it is the tracking server, not a pipeline output).
+NOT_STAGE_FILES = (".git/", ".dvc/", "dvc.lock", "mlflow.db", "mlartifacts/")
 
 
-def run(cmd: list[str], cwd: Path, timeout: int = 900) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING")}
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+def run(cmd: list[str], cwd: Path, timeout: int = 900, env: dict | None = None) -> str:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING")}
+    full_env["PATH"] = f"{BIN}{os.pathsep}{full_env.get('PATH', '')}"
+    full_env.update(env or {})
+    out = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, (
         f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
     )
@@ -34,18 +51,36 @@ def stages_run(log: str) -> set[str]:
     return {line.split("'")[1] for line in log.splitlines() if line.startswith("Running stage '")}
 
 
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root`` (less the tools' state) with its modification time and size."""
+    out = {}
+    for path in root.rglob("*"):
+        rel = path.relative_to(root).as_posix()
+        if path.is_file() and not rel.startswith(NOT_STAGE_FILES) and "__pycache__" not in rel:
+            stat = path.stat()
+            out[rel] = (stat.st_mtime_ns, stat.st_size)
+    return out
+
+
+def declared_outputs(stage: dict) -> list[str]:
+    return [
+        next(iter(i)) if isinstance(i, dict) else i
+        for k in ("outs", "metrics", "plots")
+        for i in stage.get(k, [])
+    ]
+
+
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
     """A fresh git repo holding exactly the project's committed-or-committable files."""
-    repo = Path(__file__).resolve().parents[1]
     dst = tmp_path_factory.mktemp("e2e") / "repo"
     files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"], cwd=repo, capture_output=True, text=True, check=True
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.split()
     for rel in files:
-        if (repo / rel).is_file():
+        if (REPO / rel).is_file():
             (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(repo / rel, dst / rel)
+            shutil.copy2(REPO / rel, dst / rel)
     for f in ("dvc.lock",):
         (dst / f).unlink(missing_ok=True)
     (dst / "reports").exists() and shutil.rmtree(dst / "reports")
@@ -56,11 +91,28 @@ def workspace(tmp_path_factory) -> Path:
     return dst
 
 
-def test_repro_runs_every_stage_and_registers_a_model(workspace):
-    log = run([str(BIN / "dvc"), "repro"], workspace)
-    assert stages_run(log) == {
-        *("prepare", "curate", "tokenizer", "tokenize", "eval-data", "train", "evaluate", "register")
-    }
+@pytest.fixture(scope="module")
+def reproduced(workspace, tmp_path_factory) -> dict:
+    """`dvc repro` one stage at a time, in the DAG's order: per stage, DVC's log, the files it wrote (new or
+    changed) and the config keys it read ($ZAYA_CONFIG_READS, config_reads.py)."""
+    reads_dir = tmp_path_factory.mktemp("reads")
+    result = {}
+    for stage in STAGE_ORDER:
+        before = snapshot(workspace)
+        log = run(
+            [str(BIN / "dvc"), "repro", "--single-item", stage],
+            workspace,
+            env={"ZAYA_CONFIG_READS": str(reads_dir)},
+        )
+        after = snapshot(workspace)
+        written = {f for f, sig in after.items() if before.get(f) != sig}
+        reads = json.loads((reads_dir / f"{stage}.json").read_text())
+        result[stage] = {"log": log, "written": written, "reads": reads}
+    return result
+
+
+def test_repro_runs_every_stage_and_registers_a_model(workspace, reproduced):
+    assert {s for r in reproduced.values() for s in stages_run(r["log"])} == set(STAGE_ORDER)
     reports = workspace / "reports"
     curate = json.loads((reports / "curate.json").read_text())
     assert curate["output_docs"] > 0
@@ -79,6 +131,71 @@ def test_repro_runs_every_stage_and_registers_a_model(workspace):
     cmd = [str(BIN / "zaya"), "generate", "--model", f"models:/{name}@champion", "The database"]
     out = run(cmd, workspace)
     assert out.strip()
+
+
+def test_each_stage_lists_exactly_the_params_it_reads(reproduced):
+    problems = [
+        p
+        for stage, r in reproduced.items()
+        for p in param_problems(stage, dvc_stages()[stage].get("params", []), r["reads"])
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_a_read_key_missing_from_params_is_caught(reproduced):
+    declared = dvc_stages()["register"]["params"]
+    read = reproduced["register"]["reads"]
+    narrowed = [d for d in declared if not covered(read[-1], [d])] + ["registry.model_name"]
+    assert any("does not list it under params" in p for p in param_problems("register", narrowed, read))
+
+
+def test_each_stage_writes_only_its_declared_outputs(reproduced):
+    stages = dvc_stages()
+    owner = {o: s for s, st in stages.items() for o in declared_outputs(st)}
+    problems = []
+    for stage, r in reproduced.items():
+        for f in sorted(r["written"]):
+            mine = [o for o in declared_outputs(stages[stage]) if f == o or f.startswith(o + "/")]
+            theirs = [owner[o] for o in owner if (f == o or f.startswith(o + "/")) and owner[o] != stage]
+            if not mine:
+                problems.append(f"{stage} wrote {f}, which is not among its outs/metrics/plots")
+            if theirs:
+                problems.append(f"{stage} wrote {f}, an output of {theirs[0]}")
+    assert not problems, "\n".join(problems)
+
+
+def test_touching_a_module_changes_exactly_the_stages_that_import_it(workspace, reproduced):
+    """`dvc status` after editing one module (one per stage) names exactly the stages whose import closure
+    holds it: none of the others, and a plumbing file (config.py) none."""
+    closures = {s: {module_file(m) for m in import_closure(entry_module(s))} for s in STAGE_ORDER}
+    touched = [
+        "data/html_text.py",
+        "data/chain.py",
+        "data/tokenizer.py",
+        "data/tokenize.py",
+        "distributed/parallelize.py",
+        "eval/task_data.py",
+        "eval/metrics.py",
+        "registry/model_card.py",
+        "data/loader.py",
+        "config.py",
+    ]
+    for rel in touched:
+        path = workspace / "src" / "zaya_pipeline" / rel
+        original = path.read_bytes()
+        path.write_bytes(original + b"\n# touched\n")
+        try:
+            status = json.loads(
+                run([str(BIN / "dvc"), "status", "--json"], workspace).strip().splitlines()[-1] or "{}"
+            )
+        finally:
+            path.write_bytes(original)
+        want = {s for s in STAGE_ORDER if REPO / "src" / "zaya_pipeline" / rel in closures[s]}
+        if rel != "config.py":
+            assert want, f"no stage imports {rel}"
+        assert set(status) == want, (
+            f"touching {rel}: dvc status says {sorted(status)}, its importers are {sorted(want)}"
+        )
 
 
 def test_summary_says_where_the_results_are(workspace):

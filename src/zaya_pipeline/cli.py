@@ -50,8 +50,11 @@ log = get_logger("cli")
 
 
 def _call(stage: str, cfg: Any) -> dict:
+    from zaya_pipeline.config_reads import reads_to_env_folder
+
     module, func = STAGES[stage].target.split(":")
-    result = getattr(importlib.import_module(module), func)(cfg)
+    with reads_to_env_folder(stage, cfg):  # $ZAYA_CONFIG_READS: which keys the stage read (dvc.yaml params)
+        result = getattr(importlib.import_module(module), func)(cfg)
     for key, value in (result or {}).items():
         log.info("%s: %s = %s", stage, key, value)
     return result or {}

@@ -526,7 +526,11 @@ def load_config(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path | No
 
 
 def as_dict(cfg: ZayaConfig | Any) -> dict:
-    """A plain nested dict of a config dataclass (for JSON, MLflow params)."""
+    """A plain nested dict of a config dataclass, for logging what the config was (MLflow params, lineage):
+    not counted as reading its keys (config_reads.py)."""
     from dataclasses import asdict, is_dataclass
 
-    return asdict(cfg) if is_dataclass(cfg) else dict(cfg)
+    from zaya_pipeline.config_reads import unrecorded
+
+    with unrecorded():
+        return asdict(cfg) if is_dataclass(cfg) else dict(cfg)

@@ -18,11 +18,10 @@ from __future__ import annotations
 import subprocess
 import tempfile
 import time
-from dataclasses import asdict
 from importlib.metadata import version as dist_version
 from pathlib import Path
 
-from zaya_pipeline.config import ZayaConfig
+from zaya_pipeline.config import ZayaConfig, as_dict
 from zaya_pipeline.errors import ConfigError, DataError
 from zaya_pipeline.model.saved_model import save_safetensors
 from zaya_pipeline.registry.lineage import (
@@ -88,7 +87,7 @@ def _inputs(cfg: ZayaConfig) -> dict[str, Path]:
 def _write_config(cfg: ZayaConfig, path: Path) -> Path:
     from omegaconf import OmegaConf
 
-    path.write_text(OmegaConf.to_yaml(OmegaConf.create(asdict(cfg))), encoding="utf-8")
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(as_dict(cfg))), encoding="utf-8")
     return path
 
 
