@@ -99,7 +99,7 @@ def test_dvc_stage_params_and_deps_exist(repo_root):
                 node = node[part]
         for dep in stage.get("deps", []):
             produced = any(
-                dep in set(_entries(s, "outs")) | set(_entries(s, "metrics"))
+                dep in set(_entries(s, "outs")) | set(_entries(s, "metrics")) | set(_entries(s, "plots"))
                 for s in _dvc_stages(repo_root).values()
             )
             assert produced or (repo_root / dep).exists(), f"stage {name}: dep {dep} does not exist"

@@ -184,7 +184,10 @@ def test_token_counts_go_into_plots_and_the_page(curated_run, tmp_path):
         "train": {"docs": 20, "tokens": 5000, "bytes": 21000},
         "val": {"docs": 2, "tokens": 400, "bytes": 1700},
     }
-    assert [p.name for p in add_token_counts(tmp_path, splits)] == ["data_tokens.csv", "data_report.html"]
+    assert [p.name for p in add_token_counts(tmp_path, splits)] == [
+        "data_tokens.csv",
+        "data_report_tokens.html",
+    ]
     paths = add_token_counts(tmp_path, splits, tok, curated_run / "removed")
     assert read_csv(paths[0]) == [
         {"split": "train", "docs": "20", "tokens": "5000", "bytes": "21000"},

@@ -11,7 +11,8 @@ records of ``paths.curated`` and ``paths.removed``. It writes, under ``paths.rep
     plots/data_languages.csv  metadata "language" → kept, dropped ("unknown" where no step recorded one)
     plots/data_clusters.csv   duplicate cluster sizes: method, size (documents), clusters
     data_report.png           the same as one figure
-    data_report.html          one self-contained page (the figure embedded as base64, and the tables)
+    data_report.html          one self-contained page (the figure embedded as base64, and the tables);
+                              the tokenize stage writes data_report_tokens.html, the same with token counts
 
 Words are whitespace-separated, as in ``reports/curate.json``; tokens are known only after the tokenize
 stage, which adds them with ``add_token_counts`` (``plots/data_tokens.csv`` and the HTML page).
@@ -40,6 +41,7 @@ from zaya_pipeline.data.jsonl import read_jsonl
 from zaya_pipeline.utils import read_json, write_json
 
 REPORT_JSON, REPORT_PNG, REPORT_HTML = "data_report.json", "data_report.png", "data_report.html"
+TOKENS_HTML = "data_report_tokens.html"  # the tokenize stage's page: the report and its token counts
 PLOTS = "plots"
 TOKENS_CSV, TOKENS_DROPPED_CSV = "data_tokens.csv", "data_tokens_dropped.csv"
 DIGEST_TAG = "zaya.data_report"  # MLflow tag: digest of the data_report.json a run holds
@@ -324,7 +326,8 @@ def _fmt(value) -> str:
 def render_html(
     reports_dir: Path, tokens: dict | None = None, dropped_tokens: list[list] | None = None
 ) -> Path:
-    """``data_report.html`` from ``data_report.json`` and ``data_report.png`` (and the token counts)."""
+    """The page from ``data_report.json`` and ``data_report.png``: ``data_report.html`` (the curate stage's),
+    or with the token counts ``data_report_tokens.html`` (the tokenize stage's: each stage writes its own)."""
     reports_dir = Path(reports_dir)
     report = read_json(reports_dir / REPORT_JSON)
     png = base64.b64encode((reports_dir / REPORT_PNG).read_bytes()).decode("ascii")
@@ -369,7 +372,7 @@ def render_html(
         "img{max-width:100%}</style></head><body><h1>Data report</h1>"
         f"<img alt='data report figure' src='data:image/png;base64,{png}'>{body}</body></html>\n"
     )
-    path = reports_dir / REPORT_HTML
+    path = reports_dir / (REPORT_HTML if tokens is None else TOKENS_HTML)
     path.write_text(page, encoding="utf-8")
     return path
 
@@ -421,8 +424,9 @@ def add_token_counts(
 
     ``splits`` = {split: {docs, tokens, bytes}} → ``plots/data_tokens.csv``. When the curate stage wrote a
     report in ``reports_dir``: with the tokenizer and the removed documents, their tokens per step and reason
-    → ``plots/data_tokens_dropped.csv``; the HTML page gets both tables; with ``registry_cfg`` the files go to
-    the MLflow run that holds that report (found by the digest of ``data_report.json``)."""
+    → ``plots/data_tokens_dropped.csv``; ``data_report_tokens.html``, the report's page with both tables;
+    with ``registry_cfg`` the files go to the MLflow run that holds that report (found by the digest of
+    ``data_report.json``)."""
     reports_dir = Path(reports_dir)
     rows = [[s, v["docs"], v["tokens"], v.get("bytes", "")] for s, v in splits.items()]
     paths = [_write_csv(reports_dir / PLOTS / TOKENS_CSV, ["split", "docs", "tokens", "bytes"], rows)]
