@@ -174,7 +174,7 @@ def test_training_logs_mfu_to_mlflow(tmp_path, token_dir):
 
 
 def test_summary_for_train_json_is_the_median_over_intervals():
-    telemetry = callbacks.TrainTelemetry(2, 6, flops_per_token=1_000_000, peak_flops=2e12)
+    telemetry = callbacks.ThroughputMeter(2, 6, flops_per_token=1_000_000, peak_flops=2e12)
     assert telemetry.throughput_summary() == {}  # nothing logged yet
     for step, tokens_per_s in ((2, 1000.0), (4, 3000.0), (6, 2000.0)):
         metrics = telemetry._mfu_metrics(step, tokens_per_s)
@@ -182,4 +182,4 @@ def test_summary_for_train_json_is_the_median_over_intervals():
     assert telemetry.throughput_summary() == pytest.approx(
         {"mfu": 2000 * 1e6 / 2e12, "tflops_per_device": 2000 * 1e6 / 1e12, "peak_tflops_per_device": 2.0}
     )
-    assert callbacks.TrainTelemetry(2, 6)._mfu_metrics(2, 1000.0) == {}  # no FLOPs given: no MFU
+    assert callbacks.ThroughputMeter(2, 6)._mfu_metrics(2, 1000.0) == {}  # no FLOPs given: no MFU

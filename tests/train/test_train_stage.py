@@ -123,13 +123,13 @@ def test_same_seed_same_run(tmp_path, token_dir):
     assert [r["loss"] for r in rows[0]] == [r["loss"] for r in rows[1]]
 
 
-def test_vocab_mismatch_is_a_config_error_and_clears_stale_outputs(tmp_path, token_dir):
-    stale = tmp_path / "reports" / "train.json"
-    stale.parent.mkdir(parents=True)
-    stale.write_text("{}")
+def test_vocab_mismatch_is_a_config_error_that_leaves_earlier_outputs_alone(tmp_path, token_dir):
+    earlier = tmp_path / "reports" / "train.json"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text("{}")
     with pytest.raises(ConfigError, match="model.vocab_size"):
         train(debug_config(tmp_path, token_dir, "model.vocab_size=100"))
-    assert not stale.exists()
+    assert earlier.read_text() == "{}"  # the plan refused the run before any output was removed
 
 
 def test_bad_lengths_and_missing_tokens(tmp_path, token_dir):
@@ -163,3 +163,29 @@ def test_zaya1_router_biases_move_once_per_optimizer_step_and_are_saved(tmp_path
     router = model.blocks[0].moe.router
     assert len(calls) == steps
     assert router.expert_bias_E.abs().sum() > 0 and router.load_error_integral_E.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("train.max_steps=-5", "train.max_steps must be >= 1"),
+        ("model.moe.top_k=99", "model.moe.top_k must be in"),  # a model check: the model is never built
+        ("train.resume=/nowhere/step0000010", "train.resume"),
+        ("train.optim.lr=0", "train.optim.lr must be > 0"),  # an optimizer check: it is never built
+    ],
+)
+def test_a_refused_config_leaves_the_previous_outputs_untouched(trained, token_dir, bad, message):
+    from mlflow import MlflowClient
+
+    root, cfg, _ = trained
+    kept = [root / "train" / "model.pt", root / "train" / "run.json", root / "reports" / "train.json"]
+    kept += sorted((root / "reports" / "plots").iterdir())
+    before = {path: path.read_bytes() for path in kept}
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    experiment = client.get_experiment_by_name(cfg.registry.experiment_name).experiment_id
+    runs = len(client.search_runs([experiment]))
+    with pytest.raises(ConfigError, match=message):
+        train(debug_config(root, token_dir, "registry.run_name=unit-test", bad))
+    assert {path: path.read_bytes() for path in kept} == before
+    assert sorted(p.name for p in (root / "train").iterdir()) == ["model.pt", "run.json", "schedule.png"]
+    assert len(client.search_runs([experiment])) == runs  # refused before MLflow: no run started

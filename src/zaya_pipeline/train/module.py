@@ -113,7 +113,7 @@ class ZayaLitModule(L.LightningModule):
             self.model.update_router_biases(lambda t: reduce(t, reduce_op="sum"))
         opt.zero_grad(set_to_none=True)
         self.batches_consumed = int(batch["batch_index"]) + 1
-        # Everything here feeds the telemetry callback (train/callbacks.py).
+        # Everything here feeds the telemetry callbacks (train/callbacks/).
         return {
             "ce": ce,
             "aux": aux,

@@ -72,14 +72,19 @@ def assign_param_groups(model: nn.Module, cfg: OptimConfig) -> list[ParamGroup]:
     return [groups[i] for i in sorted(groups)]
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW (or Muon + AdamW) over :func:`assign_param_groups`; each torch param group keeps its rule's
-    ``name`` so telemetry can log per-group LRs."""
+def check_optim(cfg: OptimConfig) -> None:
+    """The optimizer's own settings (the parameter groups are checked by :func:`assign_param_groups`)."""
     for key in ("lr", "eps"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"train.optim.{key} must be > 0, got {getattr(cfg, key)}")
     if cfg.name == "muon" and cfg.muon.lr <= 0:
         raise ConfigError(f"train.optim.muon.lr must be > 0, got {cfg.muon.lr}")
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW (or Muon + AdamW) over :func:`assign_param_groups`; each torch param group keeps its rule's
+    ``name`` so telemetry can log per-group LRs."""
+    check_optim(cfg)
     groups = assign_param_groups(model, cfg)
     betas = (cfg.beta1, cfg.beta2)
     torch_groups = []

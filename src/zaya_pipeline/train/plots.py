@@ -1,12 +1,14 @@
-"""The train stage's figures, drawn from the rows the telemetry callback keeps (the same rows as the DVC
-plots CSVs). One function per figure returns a matplotlib ``Figure``; ``write_train_plots`` saves them as
-PNGs. Figures are built on ``matplotlib.figure.Figure`` directly (the Agg canvas, no pyplot): no GUI backend,
-no global figure list to leak.
+"""The train stage's figures, drawn from the rows the telemetry callbacks keep (the same rows as the DVC
+plots CSVs). One function per figure returns a matplotlib ``Figure``; each callback saves its own as PNGs
+(``train/callbacks/``), ``write_train_plots`` saves them all from the rows. Figures are built on
+``matplotlib.figure.Figure`` directly (the Agg canvas, no pyplot): no GUI backend, no global figure list to
+leak.
 
-Rows (as in ``train/callbacks.py``):
+Rows (as in ``train/callbacks/``):
     train   (step, loss, lr, tokens_per_s)      val     (step, val_loss)
     load    (step, layer, expert, fraction)     bias    (step, layer, expert, bias)
     mfu     (step, mfu, tflops_per_device)      schedule (step, lr_multiplier, tokens_per_step)
+    throughput (step, tokens_per_s)
 
 Shape legend: L layers, E router choices (the experts, then the skip expert if any), S logged steps.
 """
@@ -80,12 +82,13 @@ def lr_figure(train_rows: list[tuple]) -> Figure:
     return fig
 
 
-def throughput_figure(train_rows: list[tuple], mfu_rows: list[tuple] = ()) -> Figure:
+def throughput_figure(rows: list[tuple], mfu_rows: list[tuple] = ()) -> Figure:
     """Training tokens per second over all processes (per logging interval, validation time excluded), with
-    its median; MFU on a second axis when it was measured."""
+    its median; MFU on a second axis when it was measured. ``rows``: step first, tokens/s last (train or
+    throughput rows)."""
     fig = Figure(figsize=(7.5, 3.8), layout="constrained")
     ax = fig.subplots()
-    steps, tps = [r[0] for r in train_rows], [r[3] for r in train_rows]
+    steps, tps = [r[0] for r in rows], [r[-1] for r in rows]
     ax.plot(steps, tps, color="tab:purple", marker=".", label="tokens/s")
     median = float(np.median(tps))
     ax.axhline(median, color="tab:purple", linestyle=":", label=f"median {median:,.0f}")
@@ -186,6 +189,15 @@ def note_figure(title: str, text: str) -> Figure:
     return fig
 
 
+def router_bias_or_note_figure(bias_rows: list[tuple], skip_expert: bool = False) -> Figure:
+    """``router_bias.png``: the bias trajectories, or, for a router without a balancing bias (no rows), a note
+    that says so (DVC expects every declared plot file to exist)."""
+    if bias_rows:
+        return router_bias_figure(bias_rows, skip_expert)
+    no_bias = "This router has no balancing bias: only model.moe.router.type=zaya1 has one."
+    return note_figure("Router balancing bias", no_bias)
+
+
 def schedule_figure(schedule_rows: list[tuple]) -> Figure:
     """The planned LR multiplier and tokens per optimizer step over the whole run."""
     fig = Figure(figsize=(7.5, 3.5), layout="constrained")
@@ -221,14 +233,11 @@ def write_train_plots(
     logs its last step, so there are train and load rows; a router without a balancing bias has no bias rows,
     and its ``router_bias.png`` says so (DVC expects every declared plot file to exist)."""
     out = Path(out)
-    no_bias = "This router has no balancing bias: only model.moe.router.type=zaya1 has one."
     figures = {
         "loss": loss_figure(train_rows, val_rows, unigram_nats),
         "lr": lr_figure(train_rows),
         "throughput": throughput_figure(train_rows, mfu_rows),
         "expert_load": expert_load_figure(load_rows, skip_expert),
-        "router_bias": router_bias_figure(bias_rows, skip_expert)
-        if bias_rows
-        else note_figure("Router balancing bias", no_bias),
+        "router_bias": router_bias_or_note_figure(bias_rows, skip_expert),
     }
     return [save(fig, out / f"{name}.png") for name, fig in figures.items()]

@@ -1,5 +1,13 @@
 """The train stage: fit ZayaLM on the token shards with Lightning, log to MLflow, write model.pt and reports.
 
+    plan      check the config against the token meta, the checkpoints folder and the launcher, and decide
+              the run (TrainPlan); ConfigError / DataError here, before anything on disk is touched
+    build     the stage's old outputs are removed only then; data, LightningModule, MLflow logger, callbacks
+              and Trainer
+    fit       train (resumed from a checkpoint if planned), validate the last step
+    write     model.pt and run.json (rank 0, into paths.train as a whole); then every telemetry callback
+              writes its plots files and figures (train/callbacks/), and train.json
+
 Outputs:
     <paths.train>/model.pt                 ``save_model`` format (model config + state dict)
     <paths.train>/run.json                 {run_id, experiment_id, tracking_uri}: evaluate/register log there
@@ -17,7 +25,6 @@ Outputs:
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import math
 import os
@@ -25,21 +32,31 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from zaya_pipeline.config import ModelConfig, TrainConfig, ZayaConfig, as_dict
-from zaya_pipeline.data.loader import read_token_meta
+from zaya_pipeline.config import ModelConfig, OptimConfig, TrainConfig, ZayaConfig, as_dict
+from zaya_pipeline.data.loader import check_boundary_mode, read_token_meta
 from zaya_pipeline.distributed.checkpoint import (
     TRAINER_FILE,
     is_complete,
     latest_checkpoint,
     list_checkpoints,
 )
+from zaya_pipeline.distributed.mesh import mesh_sizes
 from zaya_pipeline.errors import ConfigError, DataError, Preempted
 from zaya_pipeline.model.saved_model import save_model
 from zaya_pipeline.model.sizing import forward_flops_per_token, num_active_params, num_params
-from zaya_pipeline.train.optim import check_batch, check_schedule, planned_schedule
+from zaya_pipeline.model.transformer import ZayaLM
+from zaya_pipeline.train.optim import (
+    assign_param_groups,
+    check_batch,
+    check_optim,
+    check_schedule,
+    planned_schedule,
+)
+from zaya_pipeline.train.stability import SpikeGuard
 from zaya_pipeline.utils import (
     atomic_dir,
     get_logger,
@@ -49,7 +66,58 @@ from zaya_pipeline.utils import (
     write_json,
 )
 
+if TYPE_CHECKING:
+    import lightning as L
+
+    from zaya_pipeline.train.callbacks import CheckpointSaver, Telemetry
+    from zaya_pipeline.train.data import TokenDataModule
+    from zaya_pipeline.train.module import ZayaLitModule
+
 log = get_logger("train")
+
+OUR_STRATEGIES = ("auto", "single_device", "fsdp2")  # the ones that checkpoint (distributed/strategy.py)
+SCHEDULE_CSV = "schedule.csv"  # under <paths.reports>/plots, with the planned schedule's rows
+SCHEDULE_HEADER = ("step", "lr_multiplier", "tokens_per_step")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainPlan:
+    """What the train stage decided from the config and its inputs, before touching anything."""
+
+    cfg: ZayaConfig
+    model: ModelConfig  # cfg.model with the tokenizer's vocab_size
+    world: int  # training processes: parallel.devices x parallel.num_nodes
+    lead: bool  # global rank 0: the one process that touches MLflow and the output folders
+    resume: Path | None  # the checkpoint to continue from
+    unigram_nats: float  # the unigram baseline of the validation split, nats/token (token meta.json)
+    sizes: dict[str, int]  # parameter counts (param_counts)
+    group_params: dict[str, str]  # the optimizer's parameter groups as MLflow params
+    schedule_rows: list[tuple]  # the planned (step, lr_multiplier, tokens_per_step)
+
+    @property
+    def reports(self) -> Path:
+        return Path(self.cfg.paths.reports)
+
+    @property
+    def fsdp2(self) -> bool:
+        return self.cfg.parallel.strategy == "fsdp2"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainRun:
+    """The built run: what fit trains and what the outputs are written from."""
+
+    data: TokenDataModule
+    module: ZayaLitModule
+    logger: Any  # MLFlowLogger on rank 0, a DummyLogger elsewhere
+    experiment_id: str  # "" off rank 0
+    tracking_uri: str
+    telemetry: Telemetry
+    saver: CheckpointSaver
+    trainer: L.Trainer
+
+
+# --- plan ---------------------------------------------------------------------------------------------------
 
 
 def resolve_model_config(model: ModelConfig, meta: dict) -> ModelConfig:
@@ -77,6 +145,14 @@ def check_train_config(train: TrainConfig, model: ModelConfig, world_size: int =
     check_schedule(train.schedule, train.max_steps)
 
 
+def token_meta(tokens: str | Path) -> dict:
+    """The tokenize stage's meta.json, which must carry the unigram baseline."""
+    meta = read_token_meta(tokens)
+    if "unigram_val_nats_per_token" not in meta:
+        raise DataError(f"{Path(tokens) / 'meta.json'} lacks unigram_val_nats_per_token: run tokenize again")
+    return meta
+
+
 def resolve_resume(resume: str, checkpoints: Path) -> Path | None:
     """``train.resume``: "" = start fresh, "auto" = the latest complete checkpoint in ``checkpoints`` (fresh
     when there is none), else a checkpoint directory that must be complete."""
@@ -92,6 +168,61 @@ def resolve_resume(resume: str, checkpoints: Path) -> Path | None:
             f"train.resume: {path} is not a complete checkpoint directory (.metadata and {TRAINER_FILE})"
         )
     return path
+
+
+def check_checkpoints(cfg: ZayaConfig, world: int, resume: Path | None) -> None:
+    """Only our strategies checkpoint; a fresh run that saves checkpoints needs an empty folder for them."""
+    t, strategy = cfg.train, cfg.parallel.strategy
+    if (t.checkpoint_every > 0 or resume is not None) and not (
+        strategy == "fsdp2" or world == 1 and strategy in OUR_STRATEGIES
+    ):
+        raise ConfigError(
+            f"train.checkpoint_every / train.resume need parallel.strategy=fsdp2 for {world} processes "
+            f"(or one process), got parallel.strategy={strategy}"
+        )
+    if t.checkpoint_every and resume is None and list_checkpoints(Path(cfg.paths.checkpoints)):
+        raise ConfigError(
+            f"{cfg.paths.checkpoints} holds checkpoints of an earlier run: continue it with "
+            "train.resume=auto, or move them away to start fresh"
+        )
+
+
+def check_build(model: ModelConfig, cfg: ZayaConfig, world: int) -> dict[str, str]:
+    """What building and fitting would refuse later: the model (built on the meta device: every model.*
+    check, no memory), the spike guard, the optimizer and its parameter groups, the document boundaries
+    and the FSDP2 mesh. Returns the parameter groups as MLflow params."""
+    with torch.device("meta"):
+        shapes_only = ZayaLM(model)
+    SpikeGuard(cfg.train.stability)
+    check_optim(cfg.train.optim)
+    check_boundary_mode(cfg.train.data.doc_boundaries)
+    if cfg.parallel.strategy == "fsdp2":
+        mesh_sizes(cfg.parallel, world, model.moe.num_experts)
+    return group_params(shapes_only, cfg.train.optim)
+
+
+def plan(cfg: ZayaConfig) -> TrainPlan:
+    """Check ``cfg`` against the inputs and decide the run. Raises ConfigError / DataError; reads the token
+    meta and the checkpoints folder, writes nothing."""
+    check_launcher_world(cfg.parallel)
+    meta = token_meta(cfg.paths.tokens)
+    model = resolve_model_config(cfg.model, meta)
+    world = world_size(cfg.parallel)
+    check_train_config(cfg.train, model, world)
+    resume = resolve_resume(cfg.train.resume, Path(cfg.paths.checkpoints))
+    check_checkpoints(cfg, world, resume)
+    groups = check_build(model, cfg, world)
+    return TrainPlan(
+        cfg=cfg,
+        model=model,
+        world=world,
+        lead=launch_rank(cfg.parallel) == 0,
+        resume=resume,
+        unigram_nats=float(meta["unigram_val_nats_per_token"]),
+        sizes=param_counts(model),
+        group_params=groups,
+        schedule_rows=planned_schedule(cfg.train, world),
+    )
 
 
 def world_size(parallel) -> int:
@@ -129,6 +260,82 @@ def check_launcher_world(parallel) -> None:
             )
 
 
+def param_counts(cfg: ModelConfig) -> dict:
+    return {
+        "params_total": num_params(cfg),
+        "params_active": num_active_params(cfg),
+        "params_total_non_embedding": num_params(cfg, include_embedding=False),
+        "params_active_non_embedding": num_active_params(cfg, include_embedding=False),
+    }
+
+
+def group_params(model: torch.nn.Module, optim: OptimConfig) -> dict:
+    """The parameter-group assignment as MLflow params: optimizer, weight decay and size of each group."""
+    out = {}
+    for g in assign_param_groups(model, optim):
+        n = sum(p.numel() for p in g.params)
+        out[f"optim.groups.{g.name}"] = f"{g.optimizer} wd={g.weight_decay} lr_scale={g.lr_scale} params={n}"
+    return out
+
+
+def stage_outputs(plan: TrainPlan, telemetry: Telemetry) -> list[Path]:
+    """Every output of the stage (checkpoints are not: they outlive runs)."""
+    plots = plan.reports / "plots"
+    names = [SCHEDULE_CSV, *telemetry.outputs]
+    return [Path(plan.cfg.paths.train), plan.reports / "train.json", *(plots / name for name in names)]
+
+
+# --- build --------------------------------------------------------------------------------------------------
+
+
+def build_telemetry(plan: TrainPlan) -> Telemetry:
+    """The telemetry callbacks (objects only: nothing runs or is written yet)."""
+    from zaya_pipeline.train.callbacks import Telemetry
+    from zaya_pipeline.train.data import source_dirs
+
+    t = plan.cfg.train
+    return Telemetry.create(
+        t.log_every,
+        t.max_steps,
+        skip_expert=plan.model.moe.skip_expert,
+        source_names=tuple(source_dirs(t, plan.cfg.paths.tokens)),
+        flops_per_token=3 * forward_flops_per_token(plan.model, t.seq_len),  # active params + attention
+        precision=t.precision,
+        param_dtype=plan.cfg.parallel.param_dtype if plan.fsdp2 else "float32",
+        unigram_nats=plan.unigram_nats,
+    )
+
+
+def build_logger(plan: TrainPlan) -> tuple[Any, str, str]:
+    """(logger, experiment id, tracking URI): MLflow on rank 0, a no-op logger on the other ranks."""
+    from zaya_pipeline.tracking import default_run_name, run_tags, setup_mlflow, tracking_uri
+
+    registry = plan.cfg.registry
+    uri = tracking_uri(registry)
+    if not plan.lead:
+        from lightning.pytorch.loggers.logger import DummyLogger
+
+        return DummyLogger(), "", uri
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    experiment_id = setup_mlflow(registry)  # one writer: ranks opening a fresh SQLite store at once collide
+    logger = MLFlowLogger(
+        experiment_name=registry.experiment_name,
+        run_name=registry.run_name or default_run_name(plan.model.name),
+        tracking_uri=uri,
+        log_model=False,
+        tags=run_tags(uri, experiment_id),  # a sweep's child, a DVC experiment's name and group
+    )
+    return logger, experiment_id, uri
+
+
+def hyperparams(plan: TrainPlan) -> dict:
+    """The MLflow params of the run: the whole config flattened, the sizes and the parameter groups."""
+    params = flatten(as_dict(plan.cfg))
+    params["model.vocab_size"] = plan.model.vocab_size  # the resolved value, not the 0 placeholder
+    return {**params, **{f"model.{k}": v for k, v in plan.sizes.items()}, **plan.group_params}
+
+
 def flatten(d: dict, prefix: str = "") -> dict:
     out = {}
     for key, value in d.items():
@@ -139,34 +346,30 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def write_csv(path: Path, header: tuple[str, ...], rows: list[tuple]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
-    os.replace(tmp, path)
+def build(plan: TrainPlan, telemetry: Telemetry, root: Path) -> TrainRun:
+    """Seed, then the data module, the LightningModule, the logger and the Trainer (rooted at ``root``)."""
+    import lightning as L
 
+    from zaya_pipeline.train.callbacks import CheckpointSaver
+    from zaya_pipeline.train.data import TokenDataModule
+    from zaya_pipeline.train.module import ZayaLitModule
 
-def param_counts(cfg: ModelConfig) -> dict:
-    return {
-        "params_total": num_params(cfg),
-        "params_active": num_active_params(cfg),
-        "params_total_non_embedding": num_params(cfg, include_embedding=False),
-        "params_active_non_embedding": num_active_params(cfg, include_embedding=False),
-    }
-
-
-def group_params(module) -> dict:
-    """The parameter-group assignment as MLflow params: optimizer, weight decay and size of each group."""
-    from zaya_pipeline.train.optim import assign_param_groups
-
-    out = {}
-    for g in assign_param_groups(module.model, module.train_cfg.optim):
-        n = sum(p.numel() for p in g.params)
-        out[f"optim.groups.{g.name}"] = f"{g.optimizer} wd={g.weight_decay} lr_scale={g.lr_scale} params={n}"
-    return out
+    cfg, t, model = plan.cfg, plan.cfg.train, plan.model
+    if t.num_threads > 0:
+        torch.set_num_threads(t.num_threads)
+    L.seed_everything(t.seed, workers=True, verbose=False)
+    data = TokenDataModule(cfg.paths.tokens, t, model.vocab_size, plan.world)
+    module = ZayaLitModule(model, t, plan.world, cfg.parallel if plan.fsdp2 else None)
+    log.info(
+        "model %s: %.2fM params (%.2fM active per token), vocab %d; %d steps of %d x %d tokens",
+        *(model.name, plan.sizes["params_total"] / 1e6, plan.sizes["params_active"] / 1e6, model.vocab_size),
+        *(t.max_steps, t.micro_batch, t.seq_len),
+    )
+    logger, experiment_id, uri = build_logger(plan)
+    logger.log_hyperparams(hyperparams(plan))
+    saver = CheckpointSaver(cfg.paths.checkpoints, t.checkpoint_every, t.checkpoint_keep)
+    trainer = _trainer(cfg, logger, [*telemetry, saver], root)
+    return TrainRun(data, module, logger, experiment_id, uri, telemetry, saver, trainer)
 
 
 def _trainer(cfg: ZayaConfig, logger, callbacks: list, root: Path):
@@ -188,14 +391,11 @@ def _trainer(cfg: ZayaConfig, logger, callbacks: list, root: Path):
         log_every_n_steps=t.log_every,
         logger=logger,
         callbacks=callbacks,
-        enable_checkpointing=False,  # train/checkpointing.py saves; model.pt is written by save_model
-        enable_progress_bar=False,  # TrainTelemetry prints plain lines instead (CI logs)
+        enable_checkpointing=False,  # CheckpointSaver saves; model.pt is written by save_model
+        enable_progress_bar=False,  # ProgressReport prints plain lines instead (CI logs)
         enable_model_summary=False,
         default_root_dir=str(root),
     )
-
-
-OUR_STRATEGIES = ("auto", "single_device", "fsdp2")  # the ones that checkpoint (distributed/strategy.py)
 
 
 def _strategy(cfg: ZayaConfig):
@@ -215,168 +415,122 @@ def _strategy(cfg: ZayaConfig):
     return p.strategy
 
 
-def train(cfg: ZayaConfig) -> dict:
-    """Train the model described by ``cfg.model`` with ``cfg.train``; returns a short summary."""
-    set_project_env()
-    keep_freed_memory()
-    import lightning as L
-    from lightning.pytorch.loggers import MLFlowLogger
+# --- fit ----------------------------------------------------------------------------------------------------
 
-    from zaya_pipeline.tracking import default_run_name, run_tags, setup_mlflow, tracking_uri
-    from zaya_pipeline.train.callbacks import TrainTelemetry
-    from zaya_pipeline.train.checkpointing import Checkpointing
-    from zaya_pipeline.train.data import TokenDataModule, source_dirs
-    from zaya_pipeline.train.module import ZayaLitModule
-    from zaya_pipeline.train.plots import TRAIN_PLOTS, save, schedule_figure, write_train_plots
 
-    t_start = time.perf_counter()
-    tcfg, paths = cfg.train, cfg.paths
-    reports = Path(paths.reports)
-    csvs = ("train", "val", "expert_load", "schedule", "router_bias")
-    plots = {name: reports / "plots" / f"{name}.csv" for name in csvs}
-    figures = [reports / "plots" / f"{name}.png" for name in TRAIN_PLOTS]
-    lead = launch_rank(cfg.parallel) == 0
-    check_launcher_world(cfg.parallel)
-    if lead:
-        remove_outputs(paths.train, reports / "train.json", *plots.values(), *figures)
-    meta = read_token_meta(paths.tokens)
-    if "unigram_val_nats_per_token" not in meta:
-        raise DataError(
-            f"{Path(paths.tokens) / 'meta.json'} lacks unigram_val_nats_per_token: run tokenize again"
-        )
-    model_cfg = resolve_model_config(cfg.model, meta)
-    world = world_size(cfg.parallel)
-    check_train_config(tcfg, model_cfg, world)
-    ckpt_path = resolve_resume(tcfg.resume, Path(paths.checkpoints))
-    checkpoints = tcfg.checkpoint_every > 0 or ckpt_path is not None
-    if checkpoints and not (
-        cfg.parallel.strategy == "fsdp2" or world == 1 and cfg.parallel.strategy in OUR_STRATEGIES
-    ):
-        raise ConfigError(
-            f"train.checkpoint_every / train.resume need parallel.strategy=fsdp2 for {world} processes "
-            f"(or one process), got parallel.strategy={cfg.parallel.strategy}"
-        )
-    if tcfg.checkpoint_every and ckpt_path is None and list_checkpoints(Path(paths.checkpoints)):
-        raise ConfigError(
-            f"{paths.checkpoints} holds checkpoints of an earlier run: continue it with train.resume=auto, "
-            f"or move them away to start fresh"
-        )
-    if tcfg.num_threads > 0:
-        torch.set_num_threads(tcfg.num_threads)
+def fit(plan: TrainPlan, run: TrainRun) -> None:
+    """Train to ``train.max_steps`` (from ``plan.resume`` if set), then validate the last step if the last
+    validation pass was earlier. Raises Preempted when SIGTERM stopped the run at a checkpoint."""
+    if plan.resume is not None:
+        log.info("resuming from %s", plan.resume)
+    with warnings.catch_warnings():
+        # On 2 CPU cores loader worker processes only steal time from the model.
+        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        # Lightning 2.6 calls a torch pytree API that torch 2.13 deprecates; nothing for us to change.
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+        run.trainer.fit(run.module, datamodule=run.data, ckpt_path=plan.resume)
+        if run.saver.preempted_at is not None:
+            raise Preempted(
+                f"SIGTERM: stopped at step {run.saver.preempted_at} with a checkpoint in "
+                f"{plan.cfg.paths.checkpoints}; run the same command with train.resume=auto to continue"
+            )
+        if run.telemetry.loss.last_val_step != run.trainer.global_step:
+            run.trainer.validate(run.module, datamodule=run.data, verbose=False)
 
-    L.seed_everything(tcfg.seed, workers=True, verbose=False)
-    data = TokenDataModule(paths.tokens, tcfg, model_cfg.vocab_size, world)
-    fsdp2 = cfg.parallel.strategy == "fsdp2"
-    module = ZayaLitModule(model_cfg, tcfg, world, cfg.parallel if fsdp2 else None)
-    sizes = param_counts(model_cfg)
-    log.info(
-        "model %s: %.2fM params (%.2fM active per token), vocab %d; %d steps of %d x %d tokens",
-        *(model_cfg.name, sizes["params_total"] / 1e6, sizes["params_active"] / 1e6, model_cfg.vocab_size),
-        *(tcfg.max_steps, tcfg.micro_batch, tcfg.seq_len),
-    )
 
-    uri = tracking_uri(cfg.registry)
-    if lead:  # one writer: ranks opening a fresh SQLite store at once collide
-        experiment_id = setup_mlflow(cfg.registry)
-        logger = MLFlowLogger(
-            experiment_name=cfg.registry.experiment_name,
-            run_name=cfg.registry.run_name or default_run_name(model_cfg.name),
-            tracking_uri=uri,
-            log_model=False,
-            tags=run_tags(uri, experiment_id),  # a sweep's child, a DVC experiment's name and group
-        )
-    else:
-        from lightning.pytorch.loggers.logger import DummyLogger
+# --- write outputs ------------------------------------------------------------------------------------------
 
-        experiment_id, logger = "", DummyLogger()
-    params = flatten(as_dict(cfg))
-    params["model.vocab_size"] = model_cfg.vocab_size  # the resolved value, not the 0 placeholder
-    logger.log_hyperparams({**params, **{f"model.{k}": v for k, v in sizes.items()}, **group_params(module)})
-    schedule_rows = planned_schedule(tcfg, world)
 
-    # Rank 0 builds paths.train; the other ranks write (nothing that survives) into a scratch folder.
-    outputs = atomic_dir(paths.train) if lead else tempfile.TemporaryDirectory(prefix="zaya-train-rank")
-    with outputs as out:
-        out = Path(out)
-        sources = tuple(source_dirs(tcfg, paths.tokens))
-        telemetry = TrainTelemetry(
-            *(tcfg.log_every, tcfg.max_steps, cfg.model.moe.skip_expert, sources),
-            flops_per_token=3 * forward_flops_per_token(model_cfg, tcfg.seq_len),  # active params + attention
-            precision=tcfg.precision,
-            param_dtype=cfg.parallel.param_dtype if fsdp2 else "float32",
-        )
-        saver = Checkpointing(paths.checkpoints, tcfg.checkpoint_every, tcfg.checkpoint_keep)
-        trainer = _trainer(cfg, logger, [telemetry, saver], out)
-        if ckpt_path is not None:
-            log.info("resuming from %s", ckpt_path)
-        with warnings.catch_warnings():
-            # On 2 CPU cores loader worker processes only steal time from the model.
-            warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-            # Lightning 2.6 calls a torch pytree API that torch 2.13 deprecates; nothing for us to change.
-            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
-            trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
-            if saver.preempted_at is not None:
-                raise Preempted(
-                    f"SIGTERM: stopped at step {saver.preempted_at} with a checkpoint in "
-                    f"{paths.checkpoints}; run the same command with train.resume=auto to continue"
-                )
-            if telemetry.last_val_step != trainer.global_step:
-                trainer.validate(module, datamodule=data, verbose=False)
-        fit_s = time.perf_counter() - t_start
-        full_state = module.full_state_dict()  # every rank takes part in the gathers
-        if trainer.is_global_zero:
-            save_model(out / "model.pt", module.model, model_cfg, full_state)
-            run = {"run_id": logger.run_id, "experiment_id": experiment_id, "tracking_uri": uri}
-            write_json(out / "run.json", run)
-            save(schedule_figure(schedule_rows), out / "schedule.png")
-            logger.experiment.log_artifact(logger.run_id, str(out / "schedule.png"), "plots")
+def write_model(plan: TrainPlan, run: TrainRun, out: Path) -> None:
+    """model.pt, run.json and schedule.png into ``out`` (rank 0); every rank takes part in the gathers."""
+    from zaya_pipeline.train.plots import save, schedule_figure
 
-    val_loss = telemetry.val_rows[-1][1]
-    unigram = float(meta["unigram_val_nats_per_token"])
-    steps = trainer.global_step
-    metrics = {
+    full_state = run.module.full_state_dict()
+    if not run.trainer.is_global_zero:
+        return
+    save_model(out / "model.pt", run.module.model, plan.model, full_state)
+    ids = {"run_id": run.logger.run_id, "experiment_id": run.experiment_id, "tracking_uri": run.tracking_uri}
+    write_json(out / "run.json", ids)
+    save(schedule_figure(plan.schedule_rows), out / "schedule.png")
+    run.logger.experiment.log_artifact(run.logger.run_id, str(out / "schedule.png"), "plots")
+
+
+def train_metrics(plan: TrainPlan, run: TrainRun, t_start: float) -> dict:
+    """reports/train.json: final losses against the unigram baseline, steps, tokens, throughput, sizes."""
+    meter, loss = run.telemetry.meter, run.telemetry.loss
+    val_loss = loss.val_rows[-1][1]
+    return {
         "val_loss": val_loss,
         "val_ppl": math.exp(val_loss),
-        "train_loss": telemetry.last_train_loss,
-        "unigram_val_nats_per_token": unigram,
-        "val_over_unigram": val_loss / unigram,
-        "steps": steps,
-        "tokens_seen": telemetry.tokens_seen,
-        "skipped_steps": telemetry.skipped_steps,
-        "loss_spikes": telemetry.spikes,
-        "tokens_per_s": telemetry.tokens_per_s_median,
-        "train_s": telemetry.train_seconds,
+        "train_loss": loss.last_train_loss,
+        "unigram_val_nats_per_token": plan.unigram_nats,
+        "val_over_unigram": val_loss / plan.unigram_nats,
+        "steps": run.trainer.global_step,
+        "tokens_seen": meter.tokens_seen,
+        "skipped_steps": loss.skipped_steps,
+        "loss_spikes": loss.spikes,
+        "tokens_per_s": meter.tokens_per_s_median,
+        "train_s": meter.train_seconds,
         "wall_s": time.perf_counter() - t_start,
-        **telemetry.throughput_summary(),  # mfu, tflops_per_device (medians), when the peak is known
-        **sizes,
+        **meter.throughput_summary(),  # mfu, tflops_per_device (medians), when the peak is known
+        **plan.sizes,
     }
-    if trainer.is_global_zero:
-        logger.log_metrics({f"final/{k}": float(v) for k, v in metrics.items()}, step=steps)
-        write_csv(plots["train"], ("step", "loss", "lr", "tokens_per_s"), telemetry.train_rows)
-        write_csv(plots["val"], ("step", "val_loss"), telemetry.val_rows)
-        write_csv(plots["expert_load"], ("step", "layer", "expert", "fraction"), telemetry.load_rows)
-        write_csv(plots["schedule"], ("step", "lr_multiplier", "tokens_per_step"), schedule_rows)
-        write_csv(plots["router_bias"], ("step", "layer", "expert", "bias"), telemetry.bias_rows)
-        pngs = write_train_plots(
-            reports / "plots",
-            train_rows=telemetry.train_rows,
-            val_rows=telemetry.val_rows,
-            load_rows=telemetry.load_rows,
-            bias_rows=telemetry.bias_rows,
-            mfu_rows=telemetry.mfu_rows,
-            skip_expert=cfg.model.moe.skip_expert,
-            unigram_nats=unigram,
-        )
-        for png in pngs:
-            logger.experiment.log_artifact(logger.run_id, str(png), "plots")
-        write_json(reports / "train.json", metrics)
-    log.info("train: %d steps in %.1f s (until saved: %.1f s)", steps, metrics["wall_s"], fit_s)
+
+
+def write_reports(plan: TrainPlan, run: TrainRun, metrics: dict) -> None:
+    """Rank 0: the final metrics to the run, each telemetry callback's files, schedule.csv, train.json."""
+    from zaya_pipeline.train.callbacks import write_csv
+
+    run.logger.log_metrics({f"final/{k}": float(v) for k, v in metrics.items()}, step=metrics["steps"])
+    for callback in run.telemetry:
+        callback.write_outputs(plan.reports, run.logger)
+    write_csv(plan.reports / "plots" / SCHEDULE_CSV, SCHEDULE_HEADER, plan.schedule_rows)
+    write_json(plan.reports / "train.json", metrics)
+
+
+def summary(plan: TrainPlan, run: TrainRun, metrics: dict) -> dict:
+    unigram = plan.unigram_nats
     return {
-        "val_loss": round(val_loss, 4),
+        "val_loss": round(metrics["val_loss"], 4),
         "unigram_val_nats_per_token": round(unigram, 4),
-        "val_over_unigram": round(val_loss / unigram, 4),
+        "val_over_unigram": round(metrics["val_loss"] / unigram, 4),
         "tokens_per_s": round(metrics["tokens_per_s"]),
         "wall_s": round(metrics["wall_s"], 1),
-        "model": str(Path(paths.train) / "model.pt"),
-        "run_id": logger.run_id if lead else "",
+        "model": str(Path(plan.cfg.paths.train) / "model.pt"),
+        "run_id": run.logger.run_id if plan.lead else "",
     }
+
+
+def _load_libraries() -> None:
+    """Lightning, MLflow and matplotlib load before the stage's clock starts (wall_s is the stage's work)."""
+    import lightning  # noqa: F401
+    import lightning.pytorch.loggers  # noqa: F401
+
+    import zaya_pipeline.tracking  # noqa: F401
+    import zaya_pipeline.train.callbacks  # noqa: F401
+    import zaya_pipeline.train.data  # noqa: F401
+    import zaya_pipeline.train.module  # noqa: F401
+
+
+def train(cfg: ZayaConfig) -> dict:
+    """Train the model described by ``cfg.model`` with ``cfg.train``; returns a short summary."""
+    set_project_env()  # before MLflow is imported
+    keep_freed_memory()
+    _load_libraries()
+    t_start = time.perf_counter()
+    p = plan(cfg)
+    telemetry = build_telemetry(p)
+    if p.lead:  # only now: a run the plan refuses leaves the previous outputs alone
+        remove_outputs(*stage_outputs(p, telemetry))
+    # Rank 0 builds paths.train; the other ranks write (nothing that survives) into a scratch folder.
+    outputs = atomic_dir(cfg.paths.train) if p.lead else tempfile.TemporaryDirectory(prefix="zaya-train-rank")
+    with outputs as out:
+        run = build(p, telemetry, Path(out))
+        fit(p, run)
+        fit_s = time.perf_counter() - t_start
+        write_model(p, run, Path(out))
+    metrics = train_metrics(p, run, t_start)
+    if run.trainer.is_global_zero:
+        write_reports(p, run, metrics)
+    log.info("train: %d steps in %.1f s (until saved: %.1f s)", metrics["steps"], metrics["wall_s"], fit_s)
+    return summary(p, run, metrics)

@@ -1,4 +1,5 @@
-"""When to checkpoint: every ``train.checkpoint_every`` optimizer steps, and on SIGTERM (preemption).
+"""Saving training checkpoints (``distributed/checkpoint.py``): every ``train.checkpoint_every`` optimizer
+steps, and on SIGTERM (preemption).
 
 SIGTERM: the handler only sets a flag (and, on the launching process, forwards the signal to the processes
 Lightning started). After every training batch all ranks agree on the flag with one all-reduce, so they
@@ -22,7 +23,10 @@ from zaya_pipeline.utils import get_logger
 log = get_logger("train")
 
 
-class Checkpointing(L.Callback):
+class CheckpointSaver(L.Callback):
+    """Saves ``<directory>/step<N>/`` every ``every`` optimizer steps (0 = only on SIGTERM) and on SIGTERM,
+    keeping the newest ``keep``; ``preempted_at`` is the step saved on SIGTERM (None otherwise)."""
+
     def __init__(self, directory: str | Path, every: int, keep: int = 0):
         self.directory = Path(directory)
         self.every = every
