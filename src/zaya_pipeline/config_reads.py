@@ -28,9 +28,9 @@ ENV = "ZAYA_CONFIG_READS"
 _state = threading.local()
 
 
-def _tree(node: Any, prefix: str, out: dict[int, tuple[str, frozenset[str]]]) -> None:
+def _tree(node: Any, prefix: str, out: dict[int, tuple[str, frozenset[str], type]]) -> None:
     names = frozenset(f.name for f in fields(node))
-    out[id(node)] = (prefix, names)
+    out[id(node)] = (prefix, names, type(node))
     for name in names:
         value = object.__getattribute__(node, name)
         if is_dataclass(value):
@@ -51,7 +51,7 @@ def unrecorded() -> Iterator[None]:
 @contextmanager
 def recording_reads(cfg: Any) -> Iterator[set[str]]:
     """Record the dotted keys of the fields of ``cfg`` (a config dataclass tree) read inside the block."""
-    nodes: dict[int, tuple[str, frozenset[str]]] = {}
+    nodes: dict[int, tuple[str, frozenset[str], type]] = {}
     _tree(cfg, "", nodes)
     reads: set[str] = set()
 
@@ -63,7 +63,7 @@ def recording_reads(cfg: Any) -> Iterator[set[str]]:
             reads.add(node[0] + name)
         return value
 
-    classes = {type(obj) for obj in _objects(cfg)}
+    classes = {cls for _, _, cls in nodes.values()}
     for cls in classes:
         cls.__getattribute__ = getattribute  # type: ignore[method-assign]
     try:
@@ -71,14 +71,6 @@ def recording_reads(cfg: Any) -> Iterator[set[str]]:
     finally:
         for cls in classes:
             del cls.__getattribute__
-
-
-def _objects(node: Any) -> Iterator[Any]:
-    yield node
-    for f in fields(node):
-        value = object.__getattribute__(node, f.name)
-        if is_dataclass(value):
-            yield from _objects(value)
 
 
 @contextmanager
