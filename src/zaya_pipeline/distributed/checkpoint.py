@@ -7,9 +7,13 @@ A checkpoint is a directory ``<paths.checkpoints>/step<N>`` holding:
   FSDP shards are DTensors (DCP reshards them on load). The routed experts are stored one entry per expert
   (``<name>#e<global expert id>``, also for their optimizer states): expert parallelism and FSDP both split
   the expert dim, so every expert lives whole on one rank, and any layout can read back the experts it owns;
-* ``trainer.pt``: what Lightning's checkpoint holds besides tensors (loop progress and step, LR schedulers,
-  the module's data position and spike guard), the RNG states of every rank and the layout it was saved
-  with.
+* ``trainer.json``: what Lightning's checkpoint holds besides tensors (loop progress and step, LR
+  schedulers, the module's data position and spike guard), the optimizers' param groups, the RNG states of
+  every rank and the layout it was saved with.
+
+Loading never runs code (:mod:`zaya_pipeline.distributed.safe_load`): the trainer state is JSON, DCP's
+``.metadata`` pickle goes through an allow-listed unpickler and the shards hold tensors only (read with
+``weights_only=True``). Checkpoints of older versions (``trainer.pt``, a full pickle) are refused.
 
 Atomic: everything is written into a hidden ``.step<N>.partial`` directory that rank 0 renames once every
 rank has finished, so a directory named ``step<N>`` is always complete and a crash mid-save leaves only a
@@ -22,6 +26,7 @@ the state tensors, which must not touch loaded weights).
 
 from __future__ import annotations
 
+import pickle
 import re
 import shutil
 import warnings
@@ -30,14 +35,25 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.tensor import DTensor
 
+from zaya_pipeline.distributed.safe_load import (
+    SafeFileSystemReader,
+    TensorsOnlyLoadPlanner,
+    UnsafeCheckpointFile,
+    dump_state,
+    load_state,
+    read_dcp_metadata,
+)
 from zaya_pipeline.errors import ConfigError
 from zaya_pipeline.utils import get_logger
 
 log = get_logger("train")
 
-TRAINER_FILE = "trainer.pt"
+TRAINER_FILE = "trainer.json"
+LEGACY_TRAINER_FILE = "trainer.pt"  # a full pickle: checkpoints that have it are not loaded
 STEP_DIR = re.compile(r"^step(\d+)$")
 EXPERT_SEP = "#e"
 
@@ -67,6 +83,29 @@ def list_checkpoints(directory: Path) -> list[Path]:
 def latest_checkpoint(directory: Path) -> Path | None:
     found = list_checkpoints(directory)
     return found[-1] if found else None
+
+
+def legacy_checkpoints(directory: Path) -> list[Path]:
+    """``step<N>`` directories of older versions (a pickled ``trainer.pt``), which are never loaded."""
+    if not directory.is_dir():
+        return []
+    found = [
+        p for p in directory.iterdir() if checkpoint_step(p) >= 0 and (p / LEGACY_TRAINER_FILE).is_file()
+    ]
+    return sorted(found, key=checkpoint_step)
+
+
+def check_loadable(path: Path) -> None:
+    """``ConfigError`` naming ``path`` unless it is a complete checkpoint of this version."""
+    if (path / LEGACY_TRAINER_FILE).is_file() and not (path / TRAINER_FILE).is_file():
+        raise ConfigError(
+            f"train.resume: {path} was saved by an older version as a pickle ({LEGACY_TRAINER_FILE}), which "
+            "can run code when loaded: not loaded; move it away and start a fresh run"
+        )
+    if not is_complete(path):
+        raise ConfigError(
+            f"train.resume: {path} is not a complete checkpoint directory (.metadata and {TRAINER_FILE})"
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -134,7 +173,8 @@ def _first_experts(model: torch.nn.Module) -> dict[str, int]:
 def _tensors(model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) -> tuple[dict, dict, list]:
     """(flat dict DCP saves/loads, model state dict, optimizer state dicts). The flat dict holds the very
     tensors of the two state dicts (or views of them), so loading into it fills both. Names:
-    ``<fqn>`` for weights, ``<fqn>/optim<i>.<state>`` for optimizer states, ``optim<i>.param_groups``."""
+    ``<fqn>`` for weights, ``<fqn>/optim<i>.<state>`` for optimizer states. Only tensors: the param groups
+    (plain data) travel in the trainer state."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     optim_states = [get_optimizer_state_dict(model, opt) for opt in optimizers]  # before the model: see top
@@ -144,7 +184,6 @@ def _tensors(model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) ->
         for fqn, per_param in state["state"].items():
             for key, value in per_param.items():
                 flat[f"{fqn}/optim{i}.{key}"] = value
-        flat[f"optim{i}.param_groups"] = state["param_groups"]
     return _split_experts(flat, _first_experts(model)), model_state, optim_states
 
 
@@ -163,9 +202,15 @@ def _drop_absent_optimizer_states(flat: dict, optim_states: list[dict], saved: s
             del state["state"][fqn]
 
 
-def _unflatten_param_groups(flat: dict, optim_states: list[dict]) -> None:
-    for i, state in enumerate(optim_states):
-        state["param_groups"] = flat[f"optim{i}.param_groups"]
+def _restore_param_groups(meta: dict, optim_states: list[dict], path: Path) -> None:
+    groups = meta.pop("zaya_param_groups", None)
+    if not isinstance(groups, list) or len(groups) != len(optim_states):
+        raise ConfigError(
+            f"train.resume: {path} holds param groups of {len(groups or [])} optimizers, not "
+            f"{len(optim_states)}"
+        )
+    for state, saved in zip(optim_states, groups, strict=True):
+        state["param_groups"] = saved
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -214,20 +259,37 @@ def save_checkpoint(
             shutil.rmtree(stale, ignore_errors=True)
         partial.mkdir(parents=True)
     _barrier()
-    flat, _, _ = _tensors(model, optimizers)
+    flat, _, optim_states = _tensors(model, optimizers)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.distributed is (not|dis)abled.*")
         warnings.filterwarnings("ignore", message=".*process group is not initialized.*")
         dcp.save(flat, checkpoint_id=str(partial), no_dist=not dist.is_initialized())
     rng = _rng_states()
     if _rank() == 0:
-        meta = {**trainer_state, "zaya_rng": rng, "zaya_layout": {**layout, "world_size": _world()}}
-        torch.save(meta, partial / TRAINER_FILE)
+        meta = {
+            **trainer_state,
+            "zaya_param_groups": [state["param_groups"] for state in optim_states],
+            "zaya_rng": rng,
+            "zaya_layout": {**layout, "world_size": _world()},
+        }
+        dump_state(meta, partial / TRAINER_FILE)
         if path.exists():  # a checkpoint of the same step from an earlier attempt
             shutil.rmtree(path)
         partial.rename(path)
     _barrier()
     return path
+
+
+def _unsafe_cause(exc: BaseException) -> str | None:
+    """Why DCP's load failed, when it was a refusal to unpickle (ours, or ``torch.load(weights_only=True)``'s
+    in a shard). DCP wraps the per-rank errors in a ``CheckpointException`` (a ``BaseException``)."""
+    causes = [exc, *(wrapped[0] for wrapped in getattr(exc, "failures", {}).values())]
+    for cause in causes:
+        if isinstance(cause, UnsafeCheckpointFile):
+            return str(cause)
+        if isinstance(cause, pickle.UnpicklingError) and "Weights only load failed" in str(cause):
+            return "a shard holds a pickled object, not a tensor: refused to load it"
+    return None
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict:
@@ -243,16 +305,20 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizers: list[torch.o
     )
 
     path = Path(path)
-    if not is_complete(path):
-        raise ConfigError(
-            f"train.resume: {path} is not a complete checkpoint (no .metadata or {TRAINER_FILE})"
-        )
-    meta = torch.load(path / TRAINER_FILE, weights_only=False)
+    check_loadable(path)
+    meta = load_state(path / TRAINER_FILE)
     saved = meta.get("zaya_layout", {})
     if _rank() == 0:
         log.info("loading %s (saved by %s processes, %s)", path, saved.get("world_size", "?"), saved)
     flat, model_state, optim_states = _tensors(model, optimizers)
-    stored = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+    stored_meta = read_dcp_metadata(path / ".metadata").state_dict_metadata
+    found = [n for n in flat if n in stored_meta]
+    not_tensors = [n for n in found if not isinstance(stored_meta[n], TensorStorageMetadata)]
+    if not_tensors:
+        raise UnsafeCheckpointFile(
+            f"train.resume: {path} stores {not_tensors[0]} as a pickled object: refused to load it"
+        )
+    stored = set(stored_meta)
     missing = sorted(n for n in flat if "/optim" not in n and "param_groups" not in n and n not in stored)
     if missing:
         raise ConfigError(
@@ -264,15 +330,23 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizers: list[torch.o
         warnings.filterwarnings("ignore", message=".*torch.distributed is (not|dis)abled.*")
         warnings.filterwarnings("ignore", message=".*process group is not initialized.*")
         try:
-            dcp.load(flat, checkpoint_id=str(path), no_dist=not dist.is_initialized())
-        except Exception as exc:  # e.g. a tensor of another shape: DCP says which deep in its message
+            dcp.load(
+                flat,
+                storage_reader=SafeFileSystemReader(str(path)),
+                planner=TensorsOnlyLoadPlanner(),
+                no_dist=not dist.is_initialized(),
+            )
+        except (Exception, CheckpointException) as exc:
+            if unsafe := _unsafe_cause(exc):
+                raise UnsafeCheckpointFile(f"train.resume: {path}: {unsafe}") from None
+            # e.g. a tensor of another shape: DCP says which deep in its message
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
             why = next((line for line in lines if "mismatch" in line.lower()), lines[-1] if lines else "")
             raise ConfigError(
                 f"train.resume: {path} does not fit this model and optimizer ({why}); "
                 f"it was saved with {saved}"
             ) from exc
-    _unflatten_param_groups(flat, optim_states)
+    _restore_param_groups(meta, optim_states, path)
     set_model_state_dict(model, model_state)
     lenient = StateDictOptions(strict=False)  # parameters without a saved state get none, as when saved
     for opt, state in zip(optimizers, optim_states, strict=True):
