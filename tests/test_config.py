@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import yaml
 
-from zaya_pipeline.config import GROUPS, ZayaConfig, load_config, load_params
+from zaya_pipeline.config import GROUPS, PRECISIONS, ZayaConfig, load_config, load_params
 from zaya_pipeline.errors import ConfigError
 from zaya_pipeline.params_file import compose_params_yaml
 
@@ -50,6 +50,27 @@ def test_unknown_group_member_lists_the_options(repo_root):
 def test_wrong_type_names_the_key(repo_root):
     with pytest.raises(ConfigError, match="train.max_steps"):
         load_config(["train.max_steps=many"], conf_dir=repo_root / "conf")
+
+
+def test_precisions_are_the_ones_lightning_accepts():
+    from typing import get_args
+
+    from lightning.fabric.connector import _PRECISION_INPUT_STR, _PRECISION_INPUT_STR_ALIAS
+
+    assert set(PRECISIONS) == set(get_args(_PRECISION_INPUT_STR) + get_args(_PRECISION_INPUT_STR_ALIAS))
+
+
+def test_a_bad_value_or_a_mistyped_key_in_a_params_file_is_named_at_load(tmp_path, repo_root):
+    params = yaml.safe_load((repo_root / "params.yaml").read_text())
+    params["train"]["precision"] = "fp99"
+    bad = tmp_path / "params.yaml"
+    bad.write_text(yaml.safe_dump(params))
+    with pytest.raises(ConfigError, match=r"train\.precision: unknown value 'fp99'; choose one of 32-true"):
+        load_params(bad)
+    params["train"]["precision"], params["train"]["seq_lne"] = "32-true", 64
+    bad.write_text(yaml.safe_dump(params))
+    with pytest.raises(ConfigError, match=r"key 'train\.seq_lne': did you mean 'train\.seq_len'"):
+        load_params(bad)
 
 
 def test_params_file_unknown_key_and_override(tmp_path, repo_root):

@@ -26,7 +26,7 @@ from support.wiring import (
 
 # Lowest first: a module may import its own layer and the layers below it, never one above.
 LAYERS: list[set[str]] = [
-    {"", "errors", "utils", "config", "config_reads", "progress", "profiling", "tracking"},
+    {"", "errors", "utils", "config", "config_keys", "config_reads", "progress", "profiling", "tracking"},
     {"kernels"},
     {"ops"},
     {"model"},

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zaya_pipeline.errors import ZayaError
+from zaya_pipeline.errors import Terminated, ZayaError
 from zaya_pipeline.utils import get_logger, set_project_env, setup_logging
 
 
@@ -110,13 +110,18 @@ def _run_params_file(stage: str, params: str, overrides: list[str]) -> None:
 
 def _run_hydra(stage: str, argv: list[str]) -> None:
     import hydra
+    from hydra._internal.utils import get_args_parser  # the parser hydra.main reads sys.argv with
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from zaya_pipeline.config import config_dir, to_schema
+    from zaya_pipeline.config import ZayaConfig, config_dir, to_schema
+    from zaya_pipeline.config_keys import check_overrides
     from zaya_pipeline.sweep import OBJECTIVE, finish_active, job_paths, job_run_name
 
     conf = config_dir()
+    # One line for a mistyped key or group member, before Hydra's many lines
+    args, rest = get_args_parser().parse_known_args(argv)
+    check_overrides([*args.overrides, *(a for a in rest if not a.startswith("-"))], conf, ZayaConfig)
 
     command_line = list(sys.argv)
 
@@ -206,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
             _run_params_file(stage, known.params, overrides)
         else:
             _run_hydra(stage, overrides)
-    except ZayaError as exc:
+    except (ZayaError, Terminated) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
 

@@ -14,6 +14,11 @@ from typing import Any
 from zaya_pipeline.errors import ConfigError
 
 GROUPS = ("paths", "data", "tokenizer", "model", "train", "parallel", "eval", "registry", "experiment")
+# Lightning's precision flags (a test keeps them equal to lightning.fabric.connector's)
+PRECISIONS = (
+    *("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true"),
+    *("transformer-engine", "transformer-engine-float16", "32", "16", "bf16", "64"),
+)
 
 
 @dataclass
@@ -380,7 +385,7 @@ class TrainConfig:
     val_every: int = 100  # batches between validation passes
     val_batches: int = 8  # batches per validation pass
     log_every: int = 10  # steps between logged train metrics
-    precision: str = "32-true"  # Lightning precision ("32-true", "bf16-mixed", ...)
+    precision: str = "32-true"  # Lightning precision: one of PRECISIONS ("32-true", "bf16-mixed", ...)
     num_threads: int = 0  # torch CPU threads; 0 = leave torch's default
     deterministic: bool = False  # torch deterministic algorithms (slower; bitwise-repeatable on one device)
     checkpoint_every: int = 0  # steps between checkpoints (paths.checkpoints/step<N>, DCP); 0 = none
@@ -391,6 +396,11 @@ class TrainConfig:
     batch_ramp: BatchRampConfig = field(default_factory=BatchRampConfig)
     stability: StabilityConfig = field(default_factory=StabilityConfig)
     data: TrainDataConfig = field(default_factory=TrainDataConfig)
+
+    def validate(self) -> None:
+        if self.precision not in PRECISIONS:
+            choices = ", ".join(PRECISIONS)
+            raise ConfigError(f"train.precision: unknown value {self.precision!r}; choose one of {choices}")
 
 
 @dataclass
@@ -465,12 +475,29 @@ def to_schema(raw: Any, origin: str) -> ZayaConfig:
     try:
         merged = OmegaConf.merge(schema, raw)
         OmegaConf.resolve(merged)
-        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+        cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
+        from zaya_pipeline.config_keys import unknown_key
+
         key = getattr(exc, "full_key", None) or ""
+        if key and (unknown := unknown_key(key, ZayaConfig)):
+            raise ConfigError(f"invalid configuration in {origin}: {unknown}") from None
         msg = (getattr(exc, "msg", None) or str(exc)).strip().splitlines()[0]
         where = f" at key '{key}'" if key else ""
         raise ConfigError(f"invalid configuration in {origin}{where}: {msg}") from None
+    validate(cfg)
+    return cfg  # type: ignore[return-value]
+
+
+def validate(cfg: Any) -> None:
+    """Call ``validate()`` of each config dataclass in ``cfg`` that has one (checks next to the schema)."""
+    from dataclasses import fields, is_dataclass
+
+    if hasattr(cfg, "validate"):
+        cfg.validate()
+    for f in fields(cfg):
+        if is_dataclass(value := getattr(cfg, f.name)):
+            validate(value)
 
 
 def config_dir() -> Path:
@@ -492,21 +519,27 @@ def compose(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path | None =
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from zaya_pipeline.config_keys import check_overrides
+
     conf_dir = conf_dir or config_dir()
     if not (conf_dir / "config.yaml").is_file():
         raise ConfigError(
             f"no config.yaml in config directory {conf_dir} (set ZAYA_CONF_DIR or run in the repo)"
         )
+    check_overrides(overrides, conf_dir, ZayaConfig)
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             return hydra_compose(config_name="config", overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as exc:
-        raise ConfigError(f"cannot compose config from {conf_dir}: {str(exc).strip()}") from None
+        first = str(exc).strip().splitlines()[0]
+        raise ConfigError(f"cannot compose config from {conf_dir}: {first}") from None
 
 
 def load_params(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ZayaConfig:
     """Load a composed params file (``params.yaml``) plus ``key=value`` overrides into the schema."""
     from omegaconf import OmegaConf
+
+    from zaya_pipeline.config_keys import check_member, unknown_key
 
     path = Path(path)
     if not path.is_file():
@@ -515,6 +548,17 @@ def load_params(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     bad = [o for o in overrides if "=" not in o or o.startswith(("+", "~"))]
     if bad:
         raise ConfigError(f"overrides on a params file must be key=value, got {bad}")
+    conf = config_dir()
+    for override in overrides:
+        key, value = override.split("=", 1)
+        if (conf / key).is_dir() and "." not in key:  # a group member: only composing conf/ picks one
+            check_member(key, value, conf)
+            raise ConfigError(
+                f"{override}: a {key} config is picked when composing conf/, not on a params file: "
+                f"run `zaya params {override}` to write one, or drop --params"
+            )
+        if message := unknown_key(key, ZayaConfig):
+            raise ConfigError(message)
     if overrides:
         raw = OmegaConf.merge(raw, OmegaConf.from_dotlist(list(overrides)))
     return to_schema(raw, origin=str(path))

@@ -23,3 +23,10 @@ class Preempted(TrainingError):
     """Training stopped on SIGTERM after saving a checkpoint; resume with ``train.resume=auto``."""
 
     exit_code = 143  # 128 + SIGTERM, what schedulers expect of a terminated job
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived while a stage had an MLflow run open (``tracking.ending_run``): raised there so the
+    stage unwinds and its run ends KILLED. Like KeyboardInterrupt, not an Exception: nothing swallows it."""
+
+    exit_code = 143
