@@ -66,7 +66,7 @@ class SweepCallback(Callback):
         from omegaconf import OmegaConf
 
         from zaya_pipeline.config import RegistryConfig
-        from zaya_pipeline.tracking import setup_mlflow, tracking_uri
+        from zaya_pipeline.tracking import process_tags, setup_mlflow, tracking_uri
 
         registry = RegistryConfig(**OmegaConf.to_container(config.registry, resolve=True))
         self.sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -77,7 +77,7 @@ class SweepCallback(Callback):
         run = client.create_run(
             experiment_id,
             run_name=f"sweep {self.sweep_dir.name}",
-            tags={"zaya.sweep": "parent", "zaya.sweep_dir": str(self.sweep_dir.resolve())},
+            tags={"zaya.sweep": "parent", "zaya.sweep_dir": str(self.sweep_dir.resolve()), **process_tags()},
         )
         self.parent_run_id = run.info.run_id
         client.log_param(self.parent_run_id, "sweep.overrides", " ".join(task_overrides)[:6000])

@@ -65,15 +65,32 @@ def setup_logging(level: int = logging.INFO) -> None:
     root.propagate = False
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Build a directory under a temporary name and move it into place only when the block succeeds.
 
     A crash or an error leaves the previous complete output (or nothing) at ``path``, never a partial one.
+    The temporary name holds the pid: one left by a process that was killed (SIGKILL cleans up nothing) is
+    removed by the next run.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    for stale in path.parent.glob(f".{path.name}.tmp-*-*"):
+        pid = stale.name.removeprefix(f".{path.name}.tmp-").split("-", 1)[0]
+        if pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
     tmp.chmod(0o777 & ~_umask())  # mkdtemp makes 0700; the output should get the usual permissions
     try:
         yield tmp
@@ -109,7 +126,8 @@ def read_json(path: str | Path) -> Any:
 
 
 def remove_outputs(*paths: str | Path) -> None:
-    """Delete a stage's stale outputs before it runs: a failed run must not leave old ones looking current."""
+    """Delete a stage's stale outputs once its new results are ready, just before it writes them: a run that
+    fails earlier (a bad value, a missing input, a crash) leaves the previous outputs as they were."""
     for p in map(Path, paths):
         if p.is_dir():
             shutil.rmtree(p)

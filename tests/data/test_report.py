@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -214,6 +215,7 @@ def test_report_is_logged_to_mlflow_as_a_curate_run(curated_run, tmp_path, monke
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(run_id)
     assert run.info.run_name == "curate" and run.data.tags["zaya.stage"] == "curate"
+    assert run.info.status == "FINISHED" and run.data.tags["zaya.pid"] == str(os.getpid())  # end_dead_runs
     assert run.data.metrics["output_docs"] == json.loads(paths[0].read_text())["output_docs"]
     assert "dropped.minhash_dedup" in run.data.metrics
     top = {a.path for a in client.list_artifacts(run_id, "data_report")}

@@ -122,7 +122,7 @@ def test_a_store_failure_after_the_version_exists_leaves_no_version(workspace, c
     def broken(*args, **kwargs):
         raise MlflowException("database is locked")
 
-    monkeypatch.setattr(register_module, "apply_aliases", broken)
+    monkeypatch.setattr(register_module, "complete_registration", broken)
     cfg = copy_of("zaya-broken", 1.8)
     with pytest.raises(TrackingError, match="database is locked"):
         register(cfg)

@@ -1,7 +1,9 @@
-"""Tracking helpers: run.json, store checks, and a tracking URI that does not outlive its block."""
+"""Tracking helpers: run.json, store checks, a tracking URI that does not outlive its block, and the status of
+the runs the stages start (ended on every way out; a dead process's run marked KILLED at the next start)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import mlflow
@@ -99,3 +101,140 @@ def test_two_experiments_racing_to_create_the_parent_end_up_with_one(tmp_path, m
     monkeypatch.undo()
     live = client.search_runs([exp], f"tags.`zaya.dvc_baseline` = '{rev}'")
     assert [r.info.run_id for r in live] == [other]  # ours was deleted
+
+
+# --- run status on every way out, and runs of dead processes (issue 24) ------------------------------------
+
+OPEN_A_RUN = """
+import sys, time
+from mlflow import MlflowClient
+from zaya_pipeline.tracking import process_tags
+run = MlflowClient(sys.argv[1]).create_run(sys.argv[2], run_name="doomed", tags=process_tags())
+print(run.info.run_id, flush=True)
+time.sleep(120)
+"""
+
+
+def killed_run(uri: str, experiment_id: str) -> tuple[str, int]:
+    """A run left RUNNING by a process (tagged with its host and pid) that was then killed with SIGKILL."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", OPEN_A_RUN, uri, experiment_id], stdout=subprocess.PIPE, text=True
+    )
+    run_id = proc.stdout.readline().strip()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    return run_id, proc.pid
+
+
+def store(tmp_path):
+    from zaya_pipeline.config import RegistryConfig
+    from zaya_pipeline.tracking import setup_mlflow
+
+    cfg = RegistryConfig(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", experiment_name="e")
+    with using_tracking_uri(cfg.tracking_uri):
+        return cfg, setup_mlflow(cfg)
+
+
+def test_a_run_left_running_by_a_killed_process_is_marked_killed_at_the_next_start(tmp_path, caplog):
+    from mlflow import MlflowClient
+
+    from zaya_pipeline.tracking import setup_mlflow
+
+    cfg, exp = store(tmp_path)
+    client = MlflowClient(cfg.tracking_uri)
+    run_id, pid = killed_run(cfg.tracking_uri, exp)
+    assert client.get_run(run_id).info.status == "RUNNING"  # what kill -9 leaves behind
+    with using_tracking_uri(cfg.tracking_uri), caplog.at_level("WARNING", logger="zaya.tracking"):
+        assert setup_mlflow(cfg) == exp  # the next start
+    assert client.get_run(run_id).info.status == "KILLED"
+    assert f"left RUNNING by process {pid}, which is gone: marked KILLED" in caplog.text
+
+
+def test_runs_of_live_processes_and_of_other_hosts_are_left_running(tmp_path):
+    import socket
+
+    from mlflow import MlflowClient
+
+    from zaya_pipeline.tracking import HOST_TAG, PID_TAG, end_dead_runs, process_tags
+
+    cfg, exp = store(tmp_path)
+    client = MlflowClient(cfg.tracking_uri)
+    ours = client.create_run(exp, tags=process_tags()).info.run_id  # this (live) process
+    dead_elsewhere, pid = killed_run(cfg.tracking_uri, exp)
+    client.set_tag(dead_elsewhere, HOST_TAG, "another-" + socket.gethostname())  # its pid means nothing here
+    untagged = client.create_run(exp).info.run_id  # started by someone else's code
+    assert client.get_run(ours).data.tags[PID_TAG] == str(os.getpid())
+    assert end_dead_runs(cfg.tracking_uri, exp) == []
+    for run_id in (ours, dead_elsewhere, untagged):
+        assert client.get_run(run_id).info.status == "RUNNING"
+
+
+def test_ending_run_ends_finished_failed_or_killed(tmp_path):
+    import signal
+    import time
+
+    from mlflow import MlflowClient
+
+    from zaya_pipeline.errors import Preempted, Terminated
+    from zaya_pipeline.tracking import ending_run
+
+    cfg, exp = store(tmp_path)
+    client = MlflowClient(cfg.tracking_uri)
+    handler = signal.getsignal(signal.SIGTERM)
+
+    def status(raises, block) -> str:
+        run_id = client.create_run(exp).info.run_id
+        expected = pytest.raises(raises) if raises else contextlib.nullcontext()
+        with expected, ending_run(cfg.tracking_uri, run_id):
+            block()
+        assert signal.getsignal(signal.SIGTERM) == handler  # put back
+        return client.get_run(run_id).info.status
+
+    def sigterm():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # the handler raises long before
+
+    def fail():
+        raise RuntimeError("boom")
+
+    def preempted():
+        raise Preempted("SIGTERM: stopped at step 5")
+
+    def ctrl_c():
+        raise KeyboardInterrupt
+
+    assert status(None, lambda: None) == "FINISHED"
+    assert status(RuntimeError, fail) == "FAILED"
+    assert status(Terminated, sigterm) == "KILLED"
+    assert status(Preempted, preempted) == "KILLED"
+    assert status(KeyboardInterrupt, ctrl_c) == "KILLED"
+
+
+def test_train_failing_after_its_run_started_ends_it_failed(tmp_path):
+    """train writes its reports after fit, which Lightning ends FINISHED: a failure there ends it FAILED."""
+    from mlflow import MlflowClient
+
+    from train.token_shards import write_shards
+    from zaya_pipeline.config import load_config
+    from zaya_pipeline.tracking import HOST_TAG, PID_TAG
+    from zaya_pipeline.train.run import train
+
+    write_shards(tmp_path / "tokens")
+    (tmp_path / "file").write_text("not a folder")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = load_config([
+        "train=debug", "model=debug", "train.max_steps=2", "train.val_every=2", "train.log_every=1",
+        f"paths.tokens={tmp_path / 'tokens'}", f"paths.train={tmp_path / 'train'}",
+        f"paths.reports={tmp_path / 'file' / 'reports'}", f"paths.checkpoints={tmp_path / 'ckpt'}",
+        f"registry.tracking_uri={uri}",
+    ])  # fmt: skip
+    with pytest.raises(OSError), using_tracking_uri(uri):
+        train(cfg)
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(cfg.registry.experiment_name).experiment_id])
+    assert run.info.status == "FAILED"
+    assert run.data.tags[HOST_TAG] and run.data.tags[PID_TAG] == str(os.getpid())

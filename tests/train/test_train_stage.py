@@ -172,6 +172,7 @@ def test_zaya1_router_biases_move_once_per_optimizer_step_and_are_saved(tmp_path
         ("model.moe.top_k=99", "model.moe.top_k must be in"),  # a model check: the model is never built
         ("train.resume=/nowhere/step0000010", "train.resume"),
         ("train.optim.lr=0", "train.optim.lr must be > 0"),  # an optimizer check: it is never built
+        ("train.precision=fp99", "train.precision: unknown value 'fp99'"),  # checked at load (config.py)
     ],
 )
 def test_a_refused_config_leaves_the_previous_outputs_untouched(trained, token_dir, bad, message):

@@ -478,13 +478,21 @@ def log_report_to_mlflow(paths: list[Path], registry_cfg) -> str:
     ``registry.experiment_name`` of the configured store; returns the run id."""
     import mlflow
 
-    from zaya_pipeline.tracking import setup_mlflow, tracking_uri, using_tracking_uri
+    from zaya_pipeline.tracking import (
+        ending_run,
+        process_tags,
+        setup_mlflow,
+        tracking_uri,
+        using_tracking_uri,
+    )
 
-    with using_tracking_uri(tracking_uri(registry_cfg)):
+    uri = tracking_uri(registry_cfg)
+    with using_tracking_uri(uri):
         experiment_id = setup_mlflow(registry_cfg)
-        with mlflow.start_run(experiment_id=experiment_id, run_name="curate") as run:
-            mlflow.set_tag("zaya.stage", "curate")
-            mlflow.set_tag(DIGEST_TAG, _digest(Path(paths[0])))  # the tokenize stage adds its counts here
+        # the digest: the tokenize stage adds its counts here; the host and pid: tracking.end_dead_runs
+        tags = {"zaya.stage": "curate", DIGEST_TAG: _digest(Path(paths[0])), **process_tags()}
+        run = mlflow.start_run(experiment_id=experiment_id, run_name="curate", tags=tags)
+        with ending_run(uri, run.info.run_id):  # FINISHED, or FAILED / KILLED however the block ends
             for p in map(Path, paths):
                 mlflow.log_artifact(
                     str(p), artifact_path="data_report" + ("/plots" if p.suffix == ".csv" else "")

@@ -6,6 +6,9 @@
 * Aliases: every new version is the ``candidate``; it is promoted to ``champion`` only when it beats the
   current champion on ``registry.promote_metric`` by more than ``registry.promote_margin`` (the first
   version always is). The decision and its reason are a tag of the version and a line in the log.
+* Completion: a version is created with its lineage tags and ``registration=pending`` in one step; the tag
+  becomes ``complete`` once its aliases are set. A pending version was interrupted (kill -9): the next
+  registration of the same weights completes it instead of creating another.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ log = get_logger("register")
 
 CANDIDATE, CHAMPION = "candidate", "champion"
 WEIGHTS_TAG = "weights_sha256"
+REGISTRATION_TAG, PENDING, COMPLETE = "registration", "pending", "complete"
 
 
 def dvc_lock_hashes(lock: Path, outputs: dict[str, str]) -> dict[str, str]:
@@ -51,6 +55,19 @@ def existing_version(client, name: str, weights_sha256: str):
         if version.tags.get(WEIGHTS_TAG) == weights_sha256:
             return version
     return None
+
+
+def is_pending(version) -> bool:
+    """Whether ``version`` was created but its registration did not finish (versions from before the
+    ``registration`` tag have none: they are complete)."""
+    return version.tags.get(REGISTRATION_TAG) == PENDING
+
+
+def complete_registration(client, cfg: RegistryConfig, name: str, version: str, value: float) -> dict:
+    """Set the aliases of a created ``version`` (:func:`apply_aliases`), then mark it ``complete``."""
+    aliases = apply_aliases(client, cfg, name, version, value)
+    client.set_model_version_tag(name, version, REGISTRATION_TAG, COMPLETE)
+    return aliases
 
 
 def decide_promotion(

@@ -6,8 +6,13 @@ frameworks), tokenizer.json, the tokenizer's meta.json, the resolved config (con
 the code moves on), with pinned pip requirements (no slow requirement inference).
 
 Idempotent: weights already registered under the model name (same sha256) create no new version. A new
-version gets lineage tags and the aliases of :mod:`zaya_pipeline.registry.lineage` (``candidate``, and
-``champion`` when it beats the current one); if tagging fails half-way the version is deleted again.
+version is created with its lineage tags, description and ``registration=pending`` in one step, then gets the
+aliases of :mod:`zaya_pipeline.registry.lineage` (``candidate``, and ``champion`` when it beats the current
+one) and ``registration=complete``. Atomic from the user's view: an error or Ctrl-C after the version exists
+deletes it (and its logged model) again; after a kill -9 the next run of the same weights completes the
+pending version, and removes the unfinished logged models of a kill before it. The training run is only read:
+its status and end time never change, whatever happens here. A store or artifact folder that cannot be
+written is a one-line error naming it, before anything is created.
 
 Writes ``<reports>/registry.json``: {model_name, version, model_uri ("models:/<name>/<version>"), run_id,
 tracking_uri, registry_uri, logged_model_uri, reused, champion, promoted, decision}.
@@ -25,20 +30,25 @@ from zaya_pipeline.config import ZayaConfig, as_dict
 from zaya_pipeline.errors import ConfigError, DataError
 from zaya_pipeline.model.saved_model import save_safetensors
 from zaya_pipeline.registry.lineage import (
+    PENDING,
+    REGISTRATION_TAG,
     WEIGHTS_TAG,
-    apply_aliases,
+    complete_registration,
     dvc_lock_hashes,
     existing_version,
+    is_pending,
     metric_value,
 )
 from zaya_pipeline.tracking import (
     TrackingError,
+    check_artifact_location,
+    check_store_writable,
     get_run,
     read_run_info,
     tracking_uri,
     using_tracking_uri,
 )
-from zaya_pipeline.utils import file_sha256, get_logger, read_json, remove_outputs, write_json
+from zaya_pipeline.utils import file_sha256, get_logger, read_json, write_json
 
 log = get_logger("register")
 
@@ -91,18 +101,39 @@ def _write_config(cfg: ZayaConfig, path: Path) -> Path:
     return path
 
 
-def _log_model(cfg: ZayaConfig, run_id: str, uri: str, artifacts: dict[str, str]):
+def _log_model(client, uri: str, run, weights: str, artifacts: dict[str, str]) -> str:
+    """Log the pyfunc model as a logged model of the training ``run``; returns its id.
+
+    Not inside ``mlflow.start_run(run_id=...)``: that sets the finished training run RUNNING while the model
+    uploads, then ends it again (a new end time; FAILED on an error; RUNNING for good after a kill -9). The
+    logged model is created first, with the run as its source and the weights' hash as a tag, and the files
+    are logged into it; one whose upload fails is deleted at once, one left by a kill is found by the next run
+    (:func:`_discard_unfinished`).
+    """
     import mlflow
     import pandas as pd
+    from mlflow.entities import LoggedModelOutput
     from mlflow.exceptions import MlflowException
 
     import zaya_pipeline
     from zaya_pipeline.registry.pyfunc import signature
 
+    run_id = run.info.run_id
+    model = _call_store(
+        uri,
+        lambda: client.create_logged_model(
+            run.info.experiment_id,
+            name=ARTIFACT_NAME,
+            source_run_id=run_id,
+            tags={WEIGHTS_TAG: weights},
+            params=run.data.params,
+        ),
+    )
     try:
-        with using_tracking_uri(uri), mlflow.start_run(run_id=run_id):
-            info = mlflow.pyfunc.log_model(
+        with using_tracking_uri(uri):  # log_model's own calls (finalize) go through the fluent API
+            mlflow.pyfunc.log_model(
                 name=ARTIFACT_NAME,
+                model_id=model.model_id,
                 python_model=str(ENTRY_FILE),  # executed at load time, never imported here
                 artifacts=artifacts,
                 code_paths=[str(Path(zaya_pipeline.__file__).parent)],
@@ -111,11 +142,57 @@ def _log_model(cfg: ZayaConfig, run_id: str, uri: str, artifacts: dict[str, str]
                 # token proves the model loads and generates, at the least cost.
                 input_example=(pd.DataFrame({"prompt": ["The database"]}), {"max_new_tokens": 1}),
                 pip_requirements=pip_requirements(),
-                registered_model_name=cfg.registry.model_name,
             )
-            return info, mlflow.get_registry_uri()
+        client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)])  # listed under the run
+    except BaseException as exc:
+        _discard(f"logged model {model.model_id}", lambda: client.delete_logged_model(model.model_id))
+        if isinstance(exc, OSError):
+            where, why = model.artifact_location, exc.strerror or exc
+            raise TrackingError(f"cannot write the model's artifacts to {where}: {why}") from None
+        if isinstance(exc, MlflowException):
+            why = _first_line(exc)
+            raise TrackingError(f"cannot log the model to run {run_id} in {uri}: {why}") from None
+        raise
+    return model.model_id
+
+
+def _discard_unfinished(client, run, weights: str) -> None:
+    """Delete the logged models of these weights from ``run`` that never finished uploading (PENDING after a
+    kill -9, FAILED after an error MLflow caught): no version can hold them."""
+    from mlflow.entities import LoggedModelStatus
+
+    query = f"tags.`{WEIGHTS_TAG}` = '{weights}' AND source_run_id = '{run.info.run_id}'"
+    for model in client.search_logged_models([run.info.experiment_id], filter_string=query):
+        if model.status != LoggedModelStatus.READY:
+            log.info("removing the unfinished logged model %s of an interrupted registration", model.model_id)
+            client.delete_logged_model(model.model_id)
+
+
+def _create_version(client, name: str, run_id: str, model_id: str, tags: dict, description: str) -> str:
+    """A new version of ``name`` (created if missing) with its tags and description, in one step."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_registered_model(name)
     except MlflowException as exc:
-        raise TrackingError(f"cannot log the model to run {run_id} in {uri}: {exc.message}") from None
+        if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+            raise
+    tags = tags | {REGISTRATION_TAG: PENDING}
+    source = f"models:/{model_id}"
+    with using_tracking_uri(client.tracking_uri):  # MLflow resolves the models:/ source with the fluent API
+        version = client.create_model_version(
+            name, source, run_id, tags, description=description, model_id=model_id
+        )
+    log.info("created %s v%s (pending until its aliases are set)", name, version.version)
+    return str(version.version)
+
+
+def _discard(what: str, delete) -> None:
+    """Undo a half-done registration; if that fails too, say so (the next run completes or removes it)."""
+    try:
+        delete()
+    except Exception as exc:
+        log.warning("could not remove %s of the failed registration: %s", what, _first_line(exc))
 
 
 def _model_config(path: Path):
@@ -170,7 +247,12 @@ def _call_store(uri: str, fn):
     try:
         return fn()
     except MlflowException as exc:
-        raise TrackingError(f"the model registry at {uri} failed: {exc.message}") from None
+        raise TrackingError(f"the model registry at {uri} failed: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "message", "") or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _result(name, version, run_id, uri, registry_uri, logged_model_uri) -> dict:
@@ -185,14 +267,43 @@ def _result(name, version, run_id, uri, registry_uri, logged_model_uri) -> dict:
     }
 
 
-def register(cfg: ZayaConfig) -> dict:
-    from mlflow import MlflowClient
+def _registry_uri(uri: str) -> str:
+    import mlflow
 
+    with using_tracking_uri(uri):
+        return mlflow.get_registry_uri()
+
+
+def _package(cfg: ZayaConfig, tmp: Path, inputs, metrics, model_cfg, run_id, weights, value):
+    """(artifacts, version tags, model card) of a new version; derived files are written into ``tmp``."""
     from zaya_pipeline.registry.model_card import model_card
 
+    commit, dirty = git_commit()
+    artifacts = {key: str(path) for key, path in inputs.items()}
+    config = _write_config(cfg, tmp / "config.yaml")
+    artifacts["config"] = str(config)
+    card = model_card(model_cfg, metrics, run_id, commit, *_card_context(cfg))
+    (tmp / "MODEL_CARD.md").write_text(card, encoding="utf-8")
+    artifacts["model_card"] = str(tmp / "MODEL_CARD.md")
+    weights_st, config_json = save_safetensors(inputs["model"], tmp)
+    artifacts |= {"safetensors": str(weights_st), "model_config": str(config_json)}
+    tags = lineage_tags(cfg, metrics, weights, file_sha256(config), commit, dirty, value)
+    return artifacts, tags, card
+
+
+def _undo(client, name: str, weights: str, model_id: str | None) -> None:
+    """Remove what an interrupted or failed registration created: the pending version of these weights, if
+    it got as far, and its logged model ``model_id`` (the version's source, ``models:/<model_id>``)."""
+    version = existing_version(client, name, weights)
+    if version is not None and is_pending(version):
+        client.delete_model_version(name, version.version)
+    if model_id:
+        client.delete_logged_model(model_id)
+
+
+def register(cfg: ZayaConfig) -> dict:
     start = time.perf_counter()
-    out = Path(cfg.paths.reports) / REGISTRY_FILE
-    remove_outputs(out)
+    out = Path(cfg.paths.reports) / REGISTRY_FILE  # replaced at the end: a failed run leaves the last one
     if not cfg.registry.model_name:
         raise ConfigError("registry.model_name must not be empty")
     run_info = read_run_info(cfg.paths.train)
@@ -200,47 +311,42 @@ def register(cfg: ZayaConfig) -> dict:
     if (configured := tracking_uri(cfg.registry)) != uri:
         log.warning("the training run lives in %s (run.json), not in %s: registering there", uri, configured)
     inputs = _inputs(cfg)
-    get_run(uri, run_id)
+    client, run = get_run(uri, run_id)
     metrics = read_json(inputs["metrics"])
     value = metric_value(metrics, cfg.registry.promote_metric)  # a bad metric name fails before any logging
     model_cfg = _model_config(inputs["model"])
-    commit, dirty = git_commit()
     name, weights = cfg.registry.model_name, file_sha256(inputs["model"])
 
-    existing = _call_store(uri, lambda: existing_version(MlflowClient(tracking_uri=uri), name, weights))
-    if existing is not None:
+    existing = _call_store(uri, lambda: existing_version(client, name, weights))
+    if existing is not None and not is_pending(existing):
         log.info("these weights are already %s v%s: no new version", name, existing.version)
         result = _result(name, existing.version, run_id, uri, uri, existing.source) | {"reused": True}
         write_json(out, result)
         return {"model_uri": result["model_uri"], "run_id": run_id, "reused": True}
+    check_store_writable(uri)  # what follows writes: fail before anything is created
+    if existing is None:
+        experiment = _call_store(uri, lambda: client.get_experiment(run.info.experiment_id))
+        check_artifact_location(experiment.artifact_location)
+        _call_store(uri, lambda: _discard_unfinished(client, run, weights))
+    else:
+        log.warning("%s v%s of these weights was interrupted: completing it", name, existing.version)
 
-    with tempfile.TemporaryDirectory(prefix="zaya-register-") as tmp:
-        artifacts = {key: str(path) for key, path in inputs.items()}
-        config = _write_config(cfg, Path(tmp) / "config.yaml")
-        artifacts["config"] = str(config)
-        card = model_card(model_cfg, metrics, run_id, commit, *_card_context(cfg))
-        (Path(tmp) / "MODEL_CARD.md").write_text(card, encoding="utf-8")
-        artifacts["model_card"] = str(Path(tmp) / "MODEL_CARD.md")
-        weights_st, config_json = save_safetensors(inputs["model"], tmp)
-        artifacts |= {"safetensors": str(weights_st), "model_config": str(config_json)}
-        tags = lineage_tags(cfg, metrics, weights, file_sha256(config), commit, dirty, value)
-        info, registry_uri = _log_model(cfg, run_id, uri, artifacts)
-    version = str(info.registered_model_version)
-    client = MlflowClient(tracking_uri=uri, registry_uri=registry_uri)
-
-    def finish() -> dict:
-        for key, tag in tags.items():
-            client.set_model_version_tag(name, version, key, tag)
-        client.update_model_version(name, version, description=card)
-        return apply_aliases(client, cfg.registry, name, version, value)
-
-    try:
-        aliases = _call_store(uri, finish)
-    except Exception:
-        # No half-registered version: one without its tags or aliases would look complete in the UI.
-        _call_store(uri, lambda: client.delete_model_version(name, version))
+    model_id = None
+    try:  # no half-registered version: one without its aliases would look complete in the UI
+        if existing is None:
+            with tempfile.TemporaryDirectory(prefix="zaya-register-") as tmp:
+                package = _package(cfg, Path(tmp), inputs, metrics, model_cfg, run_id, weights, value)
+                artifacts, tags, card = package
+                model_id = _log_model(client, uri, run, weights, artifacts)
+            version = _call_store(uri, lambda: _create_version(client, name, run_id, model_id, tags, card))
+        else:
+            version, model_id = str(existing.version), existing.source.removeprefix("models:/")
+        aliases = _call_store(uri, lambda: complete_registration(client, cfg.registry, name, version, value))
+    except BaseException:
+        _discard(f"the registration of {name}", lambda: _undo(client, name, weights, model_id))
         raise
-    result = _result(name, version, run_id, uri, registry_uri, info.model_uri) | {"reused": False, **aliases}
+    result = _result(name, version, run_id, uri, _registry_uri(uri), f"models:/{model_id}")
+    result |= {"reused": False, **aliases}
     write_json(out, result)
     seconds = round(time.perf_counter() - start, 2)
     log.info("registered %s (run %s) in %.1fs", result["model_uri"], run_id, seconds)

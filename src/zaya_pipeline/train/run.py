@@ -11,6 +11,7 @@
 Outputs:
     <paths.train>/model.pt                 ``save_model`` format (model config + state dict)
     <paths.train>/run.json                 {run_id, experiment_id, tracking_uri}: evaluate/register log there
+                                           (the default store as sqlite:///mlflow.db: relative to the repo)
     <paths.reports>/train.json             DVC metrics (final losses, unigram baseline, throughput, sizes)
     <paths.reports>/plots/train.csv        step, loss, lr, tokens_per_s
     <paths.reports>/plots/val.csv          step, val_loss
@@ -39,9 +40,10 @@ import torch
 from zaya_pipeline.config import ModelConfig, OptimConfig, TrainConfig, ZayaConfig, as_dict
 from zaya_pipeline.data.loader import check_boundary_mode, read_token_meta
 from zaya_pipeline.distributed.checkpoint import (
-    TRAINER_FILE,
-    is_complete,
+    check_loadable,
+    checkpoint_step,
     latest_checkpoint,
+    legacy_checkpoints,
     list_checkpoints,
 )
 from zaya_pipeline.distributed.mesh import mesh_sizes
@@ -49,6 +51,7 @@ from zaya_pipeline.errors import ConfigError, DataError, Preempted
 from zaya_pipeline.model.saved_model import save_model
 from zaya_pipeline.model.sizing import forward_flops_per_token, num_active_params, num_params
 from zaya_pipeline.model.transformer import ZayaLM
+from zaya_pipeline.tracking import check_server
 from zaya_pipeline.train.optim import (
     assign_param_groups,
     check_batch,
@@ -159,14 +162,14 @@ def resolve_resume(resume: str, checkpoints: Path) -> Path | None:
     if not resume:
         return None
     if resume == "auto":
-        return latest_checkpoint(checkpoints)
+        latest, legacy = latest_checkpoint(checkpoints), legacy_checkpoints(checkpoints)
+        if legacy and (latest is None or checkpoint_step(legacy[-1]) > checkpoint_step(latest)):
+            check_loadable(legacy[-1])  # the newest one cannot be loaded: say so rather than start over
+        return latest
     path = Path(resume)
     if not path.exists():
         raise ConfigError(f"train.resume: checkpoint {path} does not exist")
-    if not is_complete(path):
-        raise ConfigError(
-            f"train.resume: {path} is not a complete checkpoint directory (.metadata and {TRAINER_FILE})"
-        )
+    check_loadable(path)
     return path
 
 
@@ -180,7 +183,8 @@ def check_checkpoints(cfg: ZayaConfig, world: int, resume: Path | None) -> None:
             f"train.checkpoint_every / train.resume need parallel.strategy=fsdp2 for {world} processes "
             f"(or one process), got parallel.strategy={strategy}"
         )
-    if t.checkpoint_every and resume is None and list_checkpoints(Path(cfg.paths.checkpoints)):
+    folder = Path(cfg.paths.checkpoints)
+    if t.checkpoint_every and resume is None and (list_checkpoints(folder) or legacy_checkpoints(folder)):
         raise ConfigError(
             f"{cfg.paths.checkpoints} holds checkpoints of an earlier run: continue it with "
             "train.resume=auto, or move them away to start fresh"
@@ -212,6 +216,9 @@ def plan(cfg: ZayaConfig) -> TrainPlan:
     resume = resolve_resume(cfg.train.resume, Path(cfg.paths.checkpoints))
     check_checkpoints(cfg, world, resume)
     groups = check_build(model, cfg, world)
+    # An unreachable tracking server: one line now, not minutes of MLflow's retries (the default store is a
+    # local file, and resolving it may adopt a copied store: that is left to the run).
+    check_server(cfg.registry.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", ""))
     return TrainPlan(
         cfg=cfg,
         model=model,
@@ -308,7 +315,7 @@ def build_telemetry(plan: TrainPlan) -> Telemetry:
 
 def build_logger(plan: TrainPlan) -> tuple[Any, str, str]:
     """(logger, experiment id, tracking URI): MLflow on rank 0, a no-op logger on the other ranks."""
-    from zaya_pipeline.tracking import default_run_name, run_tags, setup_mlflow, tracking_uri
+    from zaya_pipeline.tracking import default_run_name, process_tags, run_tags, setup_mlflow, tracking_uri
 
     registry = plan.cfg.registry
     uri = tracking_uri(registry)
@@ -324,7 +331,8 @@ def build_logger(plan: TrainPlan) -> tuple[Any, str, str]:
         run_name=registry.run_name or default_run_name(plan.model.name),
         tracking_uri=uri,
         log_model=False,
-        tags=run_tags(uri, experiment_id),  # a sweep's child, a DVC experiment's name and group
+        # a sweep's child, a DVC experiment's name and group; this host and pid (tracking.end_dead_runs)
+        tags={**run_tags(uri, experiment_id), **process_tags()},
     )
     return logger, experiment_id, uri
 
@@ -346,8 +354,9 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def build(plan: TrainPlan, telemetry: Telemetry, root: Path) -> TrainRun:
-    """Seed, then the data module, the LightningModule, the logger and the Trainer (rooted at ``root``)."""
+def build(plan: TrainPlan, telemetry: Telemetry, root: Path, tracker: tuple[Any, str, str]) -> TrainRun:
+    """Seed, then the data module, the LightningModule and the Trainer (rooted at ``root``), logging to
+    ``tracker`` (build_logger)."""
     import lightning as L
 
     from zaya_pipeline.train.callbacks import CheckpointSaver
@@ -365,7 +374,7 @@ def build(plan: TrainPlan, telemetry: Telemetry, root: Path) -> TrainRun:
         *(model.name, plan.sizes["params_total"] / 1e6, plan.sizes["params_active"] / 1e6, model.vocab_size),
         *(t.max_steps, t.micro_batch, t.seq_len),
     )
-    logger, experiment_id, uri = build_logger(plan)
+    logger, experiment_id, uri = tracker
     logger.log_hyperparams(hyperparams(plan))
     saver = CheckpointSaver(cfg.paths.checkpoints, t.checkpoint_every, t.checkpoint_keep)
     trainer = _trainer(cfg, logger, [*telemetry, saver], root)
@@ -449,7 +458,10 @@ def write_model(plan: TrainPlan, run: TrainRun, out: Path) -> None:
     if not run.trainer.is_global_zero:
         return
     save_model(out / "model.pt", run.module.model, plan.model, full_state)
-    ids = {"run_id": run.logger.run_id, "experiment_id": run.experiment_id, "tracking_uri": run.tracking_uri}
+    from zaya_pipeline.tracking import run_reference
+
+    store = run_reference(run.tracking_uri)  # the default store relative to the repo: copies use their own
+    ids = {"run_id": run.logger.run_id, "experiment_id": run.experiment_id, "tracking_uri": store}
     write_json(out / "run.json", ids)
     save(schedule_figure(plan.schedule_rows), out / "schedule.png")
     run.logger.experiment.log_artifact(run.logger.run_id, str(out / "schedule.png"), "plots")
@@ -514,23 +526,29 @@ def _load_libraries() -> None:
 
 def train(cfg: ZayaConfig) -> dict:
     """Train the model described by ``cfg.model`` with ``cfg.train``; returns a short summary."""
+    from zaya_pipeline.tracking import ending_run
+
     set_project_env()  # before MLflow is imported
     keep_freed_memory()
     _load_libraries()
     t_start = time.perf_counter()
     p = plan(cfg)
     telemetry = build_telemetry(p)
-    if p.lead:  # only now: a run the plan refuses leaves the previous outputs alone
-        remove_outputs(*stage_outputs(p, telemetry))
     # Rank 0 builds paths.train; the other ranks write (nothing that survives) into a scratch folder.
     outputs = atomic_dir(cfg.paths.train) if p.lead else tempfile.TemporaryDirectory(prefix="zaya-train-rank")
-    with outputs as out:
-        run = build(p, telemetry, Path(out))
-        fit(p, run)
-        fit_s = time.perf_counter() - t_start
-        write_model(p, run, Path(out))
-    metrics = train_metrics(p, run, t_start)
-    if run.trainer.is_global_zero:
-        write_reports(p, run, metrics)
+    logger, experiment_id, uri = build_logger(p)  # rank 0: the MLflow run starts here ...
+    with ending_run(uri, logger.run_id if p.lead else ""):  # ... and ends FAILED / KILLED on every way out
+        with outputs as out:
+            run = build(p, telemetry, Path(out), (logger, experiment_id, uri))
+            fit(p, run)
+            fit_s = time.perf_counter() - t_start
+            write_model(p, run, Path(out))
+        metrics = train_metrics(p, run, t_start)
+        if run.trainer.is_global_zero:
+            # Only now, with the new model in place: a run that failed (a bad value the plan refused, a
+            # crash, a diverged loss) left the previous model and reports as they were. paths.train was
+            # swapped whole.
+            remove_outputs(*stage_outputs(p, telemetry)[1:])
+            write_reports(p, run, metrics)
     log.info("train: %d steps in %.1f s (until saved: %.1f s)", metrics["steps"], metrics["wall_s"], fit_s)
     return summary(p, run, metrics)
