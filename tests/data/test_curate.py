@@ -236,7 +236,7 @@ def test_a_rerun_after_a_crash_skips_the_completed_tasks(tmp_path, monkeypatch):
         return original(self, doc)
 
     monkeypatch.setattr(LengthFilter, "filter", crash_on_shard_c)
-    with pytest.raises(RuntimeError, match="simulated crash"):
+    with pytest.raises(DataError, match="curate pass 00_pass_0 failed: RuntimeError: simulated crash"):
         curate(make_cfg(tmp_path, "data.curate.tasks=2", *SHORT))
     logs = tmp_path / "logs" / "curate"
     assert sorted(p.name for p in (logs / "00_pass_0" / "completions").iterdir()) == ["00000"]

@@ -208,10 +208,11 @@ def test_bad_input_is_counted_by_reason_with_file_and_line(tmp_path):
     assert 0 < kept_before_the_break < 50 and truncated["line"] == kept_before_the_break + 1
     assert "truncated.jsonl.gz:" in truncated["message"] and "cannot read" in truncated["message"]
 
-    # a repeated id is kept under a new one, a missing id becomes file:line; both are counted
-    assert records["g1"]["text"] == PROSE + "g1" and records["g1#2"]["text"] == PROSE + "second g1"
+    # no copy of a repeated id keeps it, a missing id becomes file:line; both are counted
+    assert "g1" not in records
+    assert records["g1#1"]["text"] == PROSE + "g1" and records["g1#2"]["text"] == PROSE + "second g1"
     assert records["mix.jsonl:7"]["text"] == PROSE + "no id"
-    assert report["renamed_ids"] == {"duplicate_id": 1, "missing_id": 1}
+    assert report["renamed_ids"] == {"duplicate_id": 2, "missing_id": 1}
     assert {"file": "mix.jsonl", "line": 6, "reason": "duplicate_id", "id": "g1", "new_id": "g1#2"} in report[
         "renamed_examples"
     ]
@@ -234,7 +235,22 @@ def test_duplicate_ids_across_files_and_a_taken_suffix(tmp_path):
     (root / "b.jsonl").write_text(json.dumps({"id": "x", "text": PROSE + "c"}) + "\n")
     prepare(cfg_for(tmp_path, f"data.corpus.input_dir={root}"))
     records = read_raw(tmp_path / "raw")
-    assert sorted(records) == ["x", "x#2", "x#3"] and records["x#3"]["text"] == PROSE + "c"
+    assert sorted(records) == ["x#1", "x#2", "x#3"] and records["x#3"]["text"] == PROSE + "c"
+    assert records["x#1"]["text"] == PROSE and records["x#2"]["text"] == PROSE + "b"
+
+
+def test_an_impostor_read_first_does_not_take_a_documents_id(tmp_path):
+    """The file read first (by path) used to keep a repeated id: an impostor named to sort first took it."""
+    root = tmp_path / "corpus"
+    root.mkdir()
+    (root / "0_impostor.jsonl").write_text(json.dumps({"id": "doc-42", "text": PROSE + "fake"}) + "\n")
+    (root / "real.jsonl").write_text(json.dumps({"id": "doc-42", "text": PROSE + "real"}) + "\n")
+    prepare(cfg_for(tmp_path, f"data.corpus.input_dir={root}"))
+    records = read_raw(tmp_path / "raw")
+    assert sorted(records) == ["doc-42#1", "doc-42#2"]
+    assert records["doc-42#2"]["text"] == PROSE + "real"  # input order decides the numbers, and is logged
+    report = json.loads((tmp_path / "reports" / "prepare.json").read_text())
+    assert {e["new_id"] for e in report["renamed_examples"]} == {"doc-42#1", "doc-42#2"}
 
 
 def huge_document(root: Path, mb: int = 50) -> Path:

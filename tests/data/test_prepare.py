@@ -201,7 +201,7 @@ BAD_INPUTS = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
-def test_bad_folder_input_fails_clearly_and_leaves_no_output(tmp_path, case):
+def test_bad_folder_input_fails_clearly_and_leaves_the_previous_output(tmp_path, case):
     make_input, fragments = BAD_INPUTS[case]
     root = tmp_path / "in"
     root.mkdir()
@@ -215,7 +215,8 @@ def test_bad_folder_input_fails_clearly_and_leaves_no_output(tmp_path, case):
         assert fragment in str(err.value)
     if "input_dir=" in fragments[0]:
         assert str(input_dir) in str(err.value)
-    assert not stale.exists(), "a failed run must not leave an older corpus looking current"
+    # the issue-24 rule: a failed run loses nothing (it used to delete paths.raw before reading the input)
+    assert (stale / "old.jsonl.gz").read_bytes() == b"from an earlier run"
     assert not (tmp_path / "reports" / "prepare.json").exists()
     assert not list(tmp_path.glob(".raw.tmp-*")), "no half-built output left behind"
 

@@ -121,13 +121,13 @@ def test_a_seq_len_longer_than_the_model_is_a_config_error_naming_the_key(worksp
         evaluate(make_cfg(workspace["root"], seq_len=64))
 
 
-def test_failures_leave_no_metrics_file(workspace, tmp_path):
+def test_failures_leave_the_previous_metrics_as_they_were(workspace, tmp_path):
     root = workspace["root"]
     evaluate(make_cfg(root, max_batches=1))
-    assert (root / "reports" / "metrics.json").is_file()
+    metrics = (root / "reports" / "metrics.json").read_bytes()
     with pytest.raises(ConfigError):
         evaluate(make_cfg(root, batch_size=0))
-    assert not (root / "reports" / "metrics.json").exists(), "a stale metrics file survived a failed run"
+    assert (root / "reports" / "metrics.json").read_bytes() == metrics, "a failed run touched the metrics"
 
     cfg = make_cfg(root)
     cfg.paths.train = str(tmp_path / "train")
@@ -139,6 +139,7 @@ def test_failures_leave_no_metrics_file(workspace, tmp_path):
     )
     with pytest.raises(TrackingError, match="not in the MLflow store"):
         evaluate(cfg)
+    assert (root / "reports" / "metrics.json").read_bytes() == metrics
 
 
 def test_zero_shot_tasks_are_scored_written_and_logged(workspace):

@@ -273,7 +273,7 @@ def _start(cfg: ZayaConfig, lay: Layout) -> bool:
         log.info("curate: resuming an unfinished run; datatrove skips its %d completed task(s)", done)
     else:
         remove_outputs(lay.logs, lay.work)
-    remove_outputs(lay.curated, lay.removed, lay.reports / "curate.json", lay.reports / "data_report.json")
+    # The outputs themselves stay until finish() swaps the staged ones in: a failed run leaves them intact.
     write_json(lay.state, {"fingerprint": fp, "finished": False, "started": time.time()})
     return resume
 

@@ -93,3 +93,15 @@ def zero_gzip_mtime(path: str | Path) -> None:
         if len(header) == 10 and header[:3] == b"\x1f\x8b\x08" and not header[3] & 0x02:
             f.seek(4)
             f.write(b"\0\0\0\0")
+
+
+def run_explained(executor, what: str, logs: Path):
+    """``executor.run()``; a task's failure (a corrupt input shard, a failing step) becomes one ``DataError``
+    line naming ``what`` and where datatrove's task logs are, instead of a traceback."""
+    from zaya_pipeline.errors import DataError
+
+    try:
+        return executor.run()
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        raise DataError(f"{what} failed: {why} (task logs: {Path(logs) / 'logs'})") from exc

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from zaya_pipeline.config import ExecutorConfig
+from zaya_pipeline.data.datatrove_parts import run_explained
 from zaya_pipeline.errors import ConfigError, DataError
 from zaya_pipeline.progress import Progress
 from zaya_pipeline.utils import get_logger
@@ -93,7 +94,11 @@ def run_blocking(e: ExecutorConfig, passes: list, logs: Path) -> None:
         for i, p in enumerate(passes, 1):
             t0 = time.monotonic()
             log.info("curate pass %d/%d %s: %d task(s) ...", i, len(passes), p.name, p.tasks)
-            make_executor(e, p.pipeline, p.tasks, logs / p.name, p.name).run()
+            run_explained(
+                make_executor(e, p.pipeline, p.tasks, logs / p.name, p.name),
+                f"curate pass {p.name}",
+                logs / p.name,
+            )
             bar.update(1, last=p.name, took=f"{time.monotonic() - t0:.1f}s")
 
 

@@ -9,9 +9,11 @@ are ignored (and counted).
 Bad input is counted and survives: a record that cannot become a document (malformed JSON, invalid UTF-8,
 no text field, empty or whitespace-only text, longer than ``data.corpus.max_doc_chars``, a binary or
 unreadable file, ...) is skipped, counted by reason with its file and line, and its raw line is written to
-the rejects file, so nothing is lost. A repeated id is kept under a new id (``<id>#2``, ``<id>#3``, ...) and
-counted, since later stages (the train/val split, dedup bookkeeping) key on ids. A missing id becomes
-``<file>:<line>``. Only a run with no usable document at all is an error (``prepare.py``).
+the rejects file, so nothing is lost. An id that comes more than once is kept by none of its copies: they
+become ``<id>#1``, ``<id>#2``, ... in input order (files by path, then line), so a document cannot take
+another's id by being read first; counted, since later stages (the train/val split, dedup bookkeeping) key
+on ids. A missing id becomes ``<file>:<line>``. Only a run with no usable document at all is an error
+(``prepare.py``).
 """
 
 from __future__ import annotations
@@ -139,6 +141,7 @@ class Ledger:
     examples: list[dict] = field(default_factory=list)  # first EXAMPLES_PER_REASON per reason
     renamed_examples: list[dict] = field(default_factory=list)
     ids: dict[str, int] = field(default_factory=dict)  # id → how often it came
+    first: dict[str, tuple[str, str, int | None]] = field(default_factory=dict)  # id → (shard, file, line)
     _out: Any = None
     _raw: Any = None
 
@@ -160,11 +163,12 @@ class Ledger:
     def unique_id(self, f: InputFile, line: int | None, doc_id: str | None) -> str:
         default = f"{f.rel}:{line}" if line is not None else f.rel
         if doc_id is None:
-            self._rename(f, line, "missing_id", "", default)
+            self._rename(f.rel, line, "missing_id", "", default)
             doc_id = default
         n = self.ids.get(doc_id, 0) + 1
         self.ids[doc_id] = n
         if n == 1:
+            self.first[doc_id] = (f.name, f.rel, line)
             return doc_id
         new = f"{doc_id}#{n}"
         while new in self.ids:  # "<id>#2" may itself be an id of the input
@@ -172,14 +176,30 @@ class Ledger:
             new = f"{doc_id}#{n}"
         self.ids[doc_id] = n
         self.ids[new] = 1
-        self._rename(f, line, "duplicate_id", doc_id, new)
+        self._rename(f.rel, line, "duplicate_id", doc_id, new)
         return new
 
-    def _rename(self, f: InputFile, line: int | None, reason: str, old: str, new: str) -> None:
+    def first_copy_renames(self) -> dict[str, dict[str, str]]:
+        """After the last file: the new ids (``<id>#1``, or the next free number) of the first copies of
+        repeated ids, by the name of the shard that holds them; counted like the other renames."""
+        out: dict[str, dict[str, str]] = {}
+        for doc_id, (shard, rel, line) in self.first.items():
+            if self.ids[doc_id] < 2:
+                continue
+            n, new = self.ids[doc_id], f"{doc_id}#1"
+            while new in self.ids:
+                n += 1
+                new = f"{doc_id}#{n}"
+            self.ids[doc_id], self.ids[new] = n, 1
+            self._rename(rel, line, "duplicate_id", doc_id, new)
+            out.setdefault(shard, {})[doc_id] = new
+        return out
+
+    def _rename(self, rel: str, line: int | None, reason: str, old: str, new: str) -> None:
         self.renamed[reason] += 1
         if self.renamed[reason] <= EXAMPLES_PER_REASON:
             self.renamed_examples.append(
-                {"file": f.rel, "line": line, "reason": reason, "id": old, "new_id": new}
+                {"file": rel, "line": line, "reason": reason, "id": old, "new_id": new}
             )
 
     def _write(self, text: str) -> None:

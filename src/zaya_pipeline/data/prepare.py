@@ -29,7 +29,7 @@ from pathlib import Path
 from zaya_pipeline.config import ZayaConfig
 from zaya_pipeline.data import debian, folder
 from zaya_pipeline.errors import ConfigError, DataError
-from zaya_pipeline.utils import atomic_dir, file_sha256, get_logger, remove_outputs, write_json
+from zaya_pipeline.utils import atomic_dir, file_sha256, get_logger, write_json
 
 log = get_logger("prepare")
 
@@ -50,6 +50,15 @@ def write_jsonl_gz(path: Path, records: Iterable[dict]) -> tuple[int, int]:
             docs += 1
             chars += len(rec["text"])
     return docs, chars
+
+
+def _rename_ids(path: Path, renames: dict[str, str]) -> None:
+    """Rewrite shard ``path`` with the ids in ``renames`` replaced (same bytes otherwise)."""
+    tmp = path.with_name(f".{path.name}.renaming")
+    with gzip.open(path, "rt", encoding="utf-8") as src:
+        rows = (json.loads(line) for line in src)
+        write_jsonl_gz(tmp, ({**r, "id": renames.get(r["id"], r["id"])} for r in rows))
+    tmp.replace(path)
 
 
 def _prepare_debian(cfg: ZayaConfig, out: Path) -> list[dict]:
@@ -112,6 +121,8 @@ def _prepare_folder(cfg: ZayaConfig, out: Path) -> tuple[list[dict], dict]:
                     "rejected": rejected,
                 }
             )
+        for shard, renames in ledger.first_copy_renames().items():  # no copy keeps a repeated id
+            _rename_ids(out / f"{shard}.jsonl.gz", renames)
     finally:
         ledger.close()
         folder.close_extractors()
@@ -145,7 +156,6 @@ def prepare(cfg: ZayaConfig) -> dict:
     if source not in SOURCES:
         raise ConfigError(f"data.corpus.source={source!r} is not one of {', '.join(SOURCES)}")
     report = Path(cfg.paths.reports) / "prepare.json"
-    remove_outputs(cfg.paths.raw, report)  # a failed run must not leave an older corpus looking current
     with atomic_dir(cfg.paths.raw) as out:
         if source == "debian":
             sources, rejects = _prepare_debian(cfg, out), dict(NO_REJECTS)

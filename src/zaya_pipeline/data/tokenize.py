@@ -23,6 +23,7 @@ from datatrove.pipeline.tokens import DocumentTokenizer
 from tokenizers.processors import TemplateProcessing
 
 from zaya_pipeline.config import TokenizeConfig, ZayaConfig
+from zaya_pipeline.data.datatrove_parts import run_explained
 from zaya_pipeline.data.loader import read_shards, token_counts
 from zaya_pipeline.data.text_io import CURATED_GLOB, curated_files
 from zaya_pipeline.errors import ConfigError, DataError
@@ -100,8 +101,9 @@ def tokenize(cfg: ZayaConfig) -> dict:
     curated_files(cfg.paths.curated)  # a clear error for a missing or empty corpus, before datatrove starts
     out_dir, report = Path(cfg.paths.tokens), Path(cfg.paths.reports) / "tokenize.json"
     logs = Path(cfg.paths.logs) / "tokenize"
-    # Stale completion markers would make datatrove skip every task and leave the new shards empty.
-    remove_outputs(out_dir, report, logs)
+    # Stale completion markers would make datatrove skip every task and leave the new shards empty. The
+    # shards (atomic_dir) and the report are replaced only once the new ones are complete.
+    remove_outputs(logs)
     dtype = token_dtype(tok_meta["vocab_size"])
     start = time.perf_counter()
     with atomic_dir(out_dir) as tmp:
@@ -186,7 +188,8 @@ def _run_split(cfg: ZayaConfig, split: str, tok_file: Path, tok_meta: dict, out:
         ),
     ]
     workers = min(tcfg.tasks, os.cpu_count() or 1)
-    stats = LocalPipelineExecutor(pipeline, tasks=tcfg.tasks, workers=workers, logging_dir=str(logs)).run()
+    executor = LocalPipelineExecutor(pipeline, tasks=tcfg.tasks, workers=workers, logging_dir=str(logs))
+    stats = run_explained(executor, f"tokenize ({split} split, {cfg.paths.curated})", logs)
     return int(stats.stats[1]["text_bytes"].total)
 
 

@@ -49,7 +49,6 @@ def train_tokenizer(cfg: ZayaConfig) -> dict:
     tcfg = cfg.tokenizer
     _check_config(tcfg)
     out_dir, report = Path(cfg.paths.tokenizer), Path(cfg.paths.reports) / "tokenizer.json"
-    remove_outputs(out_dir, report)
     start = time.perf_counter()
     if tcfg.path:
         tok = load_user_tokenizer(tcfg)
@@ -79,6 +78,7 @@ def train_tokenizer(cfg: ZayaConfig) -> dict:
     }
     seconds = time.perf_counter() - start
     sample_docs, sample_chars, sample_tokens = _compression_sample(tok, cfg.paths.curated)
+    remove_outputs(report)  # only now: a run that failed before this leaves the previous outputs
     with atomic_dir(out_dir) as tmp:
         tok.save(str(tmp / "tokenizer.json"))
         write_json(tmp / "meta.json", meta)

@@ -141,7 +141,6 @@ def evaluate(cfg: ZayaConfig) -> dict:
 
     out = Path(cfg.paths.reports) / METRICS_FILE
     plots = Path(cfg.paths.reports) / "plots"
-    remove_outputs(out, Path(cfg.paths.reports) / SAMPLES_FILE, plots / "tasks.csv", plots / "tasks.png")
     train_dir, tokens_dir = Path(cfg.paths.train), Path(cfg.paths.tokens)
     run_info = read_run_info(train_dir)
     # Open the run first: an unreachable store should fail before minutes of scoring, not after.
@@ -184,6 +183,7 @@ def evaluate(cfg: ZayaConfig) -> dict:
         metrics["tasks"] = tasks
         metrics["tasks_above_chance"] = sum(m["acc"] - m["chance"] > m["acc_stderr"] for m in tasks.values())
     log_eval_metrics(client, run_info, metrics)
+    remove_outputs(out, Path(cfg.paths.reports) / SAMPLES_FILE, plots / "tasks.csv", plots / "tasks.png")
     write_json(out, metrics)
     extras = [write_samples(cfg, model, tokenizer, token_meta, Path(cfg.paths.reports) / SAMPLES_FILE)]
     extras += write_task_plots(metrics.get("tasks", {}), Path(cfg.paths.reports) / "plots")
