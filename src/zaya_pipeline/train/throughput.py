@@ -13,18 +13,23 @@ The peak comes from, in this order:
 2. on CUDA and ROCm GPUs, ``PEAK_TABLE`` (vendor datasheet figures, dense, i.e. without 2:4 sparsity),
    matched on ``torch.cuda.get_device_name``. A GPU that is not in the table gets no MFU (logged once):
    a guessed peak would make the number meaningless;
-3. on CPU, a measured peak: the best of a few square matmuls in the training dtype with the current thread
-   count (~0.1 s, cached per process).
+3. on CPU, the spec peak of the threads torch uses: clock (the highest of /proc/cpuinfo's ``cpu MHz`` and
+   cpufreq's maximum) x FLOPs per cycle of the widest FMA the CPU's flags name (AVX-512: 64 fp32, AVX2+FMA:
+   32, AVX: 16, else SSE: 8; bf16 doubles with AVX512_BF16, AMX-BF16 gives 1024). A peak measured with a few
+   matmuls is only a lower bound (on a loaded 2-core machine it came out at 0.047 TFLOP/s, a quarter of the
+   spec, and MFU read 119%), so it is only the fallback where /proc/cpuinfo is missing (macOS).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -125,6 +130,41 @@ def _measured_cpu_flops(dtype: str, threads: int) -> float:
     return best
 
 
+def _cpuinfo() -> tuple[float, set[str]] | None:
+    """(highest clock in Hz, CPU flags) from /proc/cpuinfo and cpufreq, or None off Linux."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    mhz = [float(m) for m in re.findall(r"^cpu MHz\s*:\s*([\d.]+)", text, flags=re.M)]
+    for path in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/cpuinfo_max_freq"):
+        with contextlib.suppress(OSError, ValueError):
+            mhz.append(int(path.read_text()) / 1000)  # kHz
+    flags = re.search(r"^(?:flags|Features)\s*:\s*(.*)$", text, flags=re.M)
+    if not mhz or flags is None:
+        return None
+    return max(mhz) * 1e6, set(flags.group(1).split())
+
+
+def flops_per_cycle(flags: set[str], dtype: str) -> int:
+    """Peak FLOPs per cycle per core for ``dtype`` matmuls from the CPU's flags (two FMA pipes assumed)."""
+    if dtype == "bf16" and "amx_bf16" in flags:
+        return 1024
+    fp32 = 64 if "avx512f" in flags else 32 if {"avx2", "fma"} <= flags else 16 if "avx" in flags else 8
+    return fp32 * 2 if dtype == "bf16" and "avx512_bf16" in flags else fp32
+
+
+def spec_cpu_peak(dtype: str = "fp32") -> Peak | None:
+    """threads x clock x :func:`flops_per_cycle`, or None where /proc/cpuinfo does not say."""
+    info = _cpuinfo()
+    if info is None:
+        return None
+    hz, flags = info
+    threads = torch.get_num_threads()
+    flops = threads * hz * flops_per_cycle(flags, dtype)
+    return Peak(flops, f"CPU {dtype} spec peak {flops / 1e12:.3g} TFLOP/s ({threads} x {hz / 1e9:.2f} GHz)")
+
+
 def measured_cpu_peak(dtype: str = "fp32") -> Peak:
     """The best FLOP/s of square ``dtype`` matmuls (512 and 1024, 3 repeats) with torch's current thread
     count; measured once per process and thread count (~0.1 s on 2 cores)."""
@@ -176,7 +216,8 @@ def resolve_peak(
         say(f"MFU not reported: no peak for train.precision={precision!r} (set ${PEAK_ENV})")
         return None
     if device_type == "cpu":
-        return measured_cpu_peak("fp32" if dtype == "tf32" else dtype)
+        dtype = "fp32" if dtype == "tf32" else dtype
+        return spec_cpu_peak(dtype) or measured_cpu_peak(dtype)
     if device_type == "cuda":
         peak = table_peak(name, dtype)
         if peak is None:
