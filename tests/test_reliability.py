@@ -98,6 +98,18 @@ BAD_VALUES = [
 ]
 
 
+def test_the_reported_mfu_is_a_fraction_of_a_peak_that_holds(pipeline):
+    """The default run once reported ``mfu: 1.19``: the CPU peak was a matmul measured on a busy machine."""
+    import json
+
+    train = json.loads((pipeline / "reports" / "train.json").read_text())
+    assert 0 < train["mfu"] <= 1, train
+    from zaya_pipeline.train.throughput import spec_cpu_peak
+
+    if (spec := spec_cpu_peak("fp32")) is not None:  # what the stage divided by: the spec, not a measurement
+        assert train["peak_tflops_per_device"] == pytest.approx(spec.flops / 1e12)
+
+
 @pytest.mark.parametrize(("stage", "overrides", "says"), BAD_VALUES, ids=lambda v: str(v)[:40])
 def test_a_bad_value_is_refused_in_one_line_and_loses_nothing(intact, stage, overrides, says):
     proc = zaya(intact, stage, *(o.format(root=intact) for o in overrides))
