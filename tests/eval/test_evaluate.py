@@ -163,7 +163,7 @@ def test_zero_shot_tasks_are_scored_written_and_logged(workspace):
     run = client.get_run(workspace["run_id"])
     assert run.data.metrics["eval/tasks/arc_easy/acc"] == pytest.approx(metrics["tasks"]["arc_easy"]["acc"])
     rows = (root / "reports" / "plots" / "tasks.csv").read_text().splitlines()
-    assert rows[0] == "task,acc,acc_norm,chance" and len(rows) == 3
+    assert rows[0] == "task,acc,acc_norm,acc_per_byte,chance" and len(rows) == 3
     artifacts = {a.path for a in client.list_artifacts(workspace["run_id"], "eval")}
     assert {"eval/tasks.png", "eval/tasks.csv", "eval/samples.json"} <= artifacts
 
@@ -186,3 +186,70 @@ def test_missing_task_files_name_the_stage(workspace, tmp_path):
     cfg.paths.eval_tasks = str(tmp_path / "none")
     with pytest.raises(DataError, match="piqa.jsonl.gz is missing: run the eval-data stage"):
         evaluate(cfg)
+
+
+TASK_YAML = """task: zaya_arc_easy_local
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {docs}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: gold
+target_delimiter: " "
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
+
+
+def test_acc_and_acc_norm_are_the_harness_definitions(workspace, tmp_path, monkeypatch):
+    """lm-evaluation-harness's own multiple-choice task code, run on our pinned ARC-Easy documents through
+    our harness LM, gives the accuracies the evaluate stage reports: ``acc_norm`` per character of the bare
+    choice (as published tables), not per byte of the continuation (``acc_per_byte``)."""
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    from zaya_pipeline.eval.harness import ZayaHarnessLM
+    from zaya_pipeline.eval.task_data import eval_data
+    from zaya_pipeline.eval.tasks import bare_choice, load_task
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    root, limit = workspace["root"], 100
+    cfg = make_cfg(root, batch_size=8, tasks=["arc_easy"], task_limit=limit)
+    eval_data(cfg)
+    evaluate(cfg)
+    ours = json.loads((root / "reports" / "metrics.json").read_text())["tasks"]["arc_easy"]
+
+    items = load_task(root / "eval_tasks" / "arc_easy.jsonl.gz", limit=limit)
+    assert all(
+        len(set(it.contexts)) == 1 and all(c.startswith(" ") for c in it.continuations) for it in items
+    )
+    docs = tmp_path / "arc_easy_docs.jsonl"
+    docs.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "context": it.contexts[0],
+                    "choices": [bare_choice(c) for c in it.continuations],
+                    "gold": it.gold,
+                }
+            )
+            + "\n"
+            for it in items
+        )
+    )
+    (tmp_path / "task.yaml").write_text(TASK_YAML.format(docs=docs))
+    lm = ZayaHarnessLM(model_path=str(root / "train" / "model.pt"), tokenizer_dir=str(root / "tokenizer"))
+    out = lm_eval.simple_evaluate(
+        model=lm, tasks=["zaya_arc_easy_local"], task_manager=TaskManager(include_path=str(tmp_path))
+    )
+    theirs = out["results"]["zaya_arc_easy_local"]
+    assert ours["n"] == limit
+    # on these 100 documents the two normalizations disagree (0.22 vs 0.23): the check below tells them apart
+    assert ours["acc_norm"] != ours["acc_per_byte"]
+    assert theirs["acc,none"] == pytest.approx(ours["acc"], abs=1e-9)
+    assert theirs["acc_norm,none"] == pytest.approx(ours["acc_norm"], abs=1e-9)

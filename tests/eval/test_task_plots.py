@@ -21,6 +21,8 @@ TASKS = {
         "acc_stderr": 0.021,
         "acc_norm": 0.29,
         "acc_norm_stderr": 0.02,
+        "acc_per_byte": 0.3,
+        "acc_per_byte_stderr": 0.02,
         "chance": 0.25,
     },  # fmt: skip
     "winogrande": {
@@ -29,6 +31,8 @@ TASKS = {
         "acc_stderr": 0.025,
         "acc_norm": 0.5,
         "acc_norm_stderr": 0.025,
+        "acc_per_byte": 0.5,
+        "acc_per_byte_stderr": 0.025,
         "chance": 0.5,
     },  # fmt: skip
 }
@@ -61,7 +65,7 @@ def test_write_task_plots_writes_the_csv_and_a_png(tmp_path):
     ]
     empty = tmp_path / "none"
     assert write_task_plots({}, empty) == [empty / "tasks.csv", empty / "tasks.png"]
-    assert (empty / "tasks.csv").read_text().splitlines() == ["task,acc,acc_norm,chance"]
+    assert (empty / "tasks.csv").read_text().splitlines() == ["task,acc,acc_norm,acc_per_byte,chance"]
     assert (empty / "tasks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # a note, for dvc plots
 
 

@@ -236,22 +236,29 @@ def test_a_continuation_without_tokens_is_a_data_error_naming_the_doc(tokenizer)
 # ---------------------------------------------------------------------------------------------------- metrics
 
 
-def test_acc_takes_the_highest_sum_and_acc_norm_the_highest_per_byte_loglik():
-    short_long = MCItem(0, ("q",) * 2, (" no", " a much longer answer"), 1)  # 3 and 21 bytes
-    logliks = [[-3.0, -4.2]]  # the short answer has the higher sum, the long one the higher per-byte score
+def test_acc_takes_the_highest_sum_and_the_normalized_accuracies_the_highest_per_length_loglik():
+    short_long = MCItem(0, ("q",) * 2, (" no", " a much longer answer"), 1)  # 2 and 20 characters bare
+    logliks = [[-3.0, -4.2]]  # the short answer has the higher sum, the long one the higher per-length score
     m = task_metrics([short_long], logliks)
-    assert (m["n"], m["acc"], m["acc_norm"], m["chance"]) == (1, 0.0, 1.0, 0.5)
+    assert (m["n"], m["acc"], m["acc_norm"], m["acc_per_byte"], m["chance"]) == (1, 0.0, 1.0, 1.0, 0.5)
     assert math.isnan(m["acc_stderr"]) and math.isnan(m["acc_norm_stderr"])  # undefined for one item
-    # normalized by UTF-8 bytes, not characters: " é" is 3 bytes (2 characters), " ab" 3 bytes
+    # acc_norm: characters of the bare choice ("é" 1, "ab" 2), as lm-evaluation-harness;
+    # acc_per_byte: UTF-8 bytes of the continuation as scored (" é" 3, " ab" 3)
     accent = MCItem(1, ("q",) * 2, (" ab", " é"), 1)
-    assert task_metrics([accent], [[-1.35, -1.4]])["acc_norm"] == 0.0
-    assert task_metrics([accent], [[-1.45, -1.4]])["acc_norm"] == 1.0
+    m = task_metrics([accent], [[-1.9, -1.0]])  # per char: -0.95 vs -1.0; per byte: -0.63 vs -0.33
+    assert (m["acc_norm"], m["acc_per_byte"]) == (0.0, 1.0)
+    m = task_metrics([accent], [[-2.1, -1.0]])  # per char: -1.05 vs -1.0
+    assert (m["acc_norm"], m["acc_per_byte"]) == (1.0, 1.0)
+    # the leading space counts for per-byte only: " xy" vs "xyz" (no delimiter) are 3 bytes each
+    spaced = MCItem(2, ("q",) * 2, (" xy", "xyz"), 0)
+    m = task_metrics([spaced], [[-2.1, -3.0]])  # per char: -1.05 vs -1.0; per byte: -0.7 vs -1.0
+    assert (m["acc_norm"], m["acc_per_byte"]) == (0.0, 1.0)
 
 
 def test_ties_go_to_the_first_choice():
     items = [MCItem(0, ("q",) * 3, (" x", " y", " z"), 0), MCItem(1, ("q",) * 3, (" x", " y", " z"), 1)]
     m = task_metrics(items, [[-1.0, -1.0, -2.0], [-1.0, -1.0, -2.0]])
-    assert m["acc"] == 0.5 and m["acc_norm"] == 0.5
+    assert m["acc"] == 0.5 and m["acc_norm"] == 0.5 and m["acc_per_byte"] == 0.5
 
 
 def test_stderr_and_chance():

@@ -4,7 +4,7 @@ Writes the DVC metrics file ``<reports>/metrics.json``::
 
     {val_loss, perplexity, bits_per_byte, tokens, bytes, windows, seq_len,
      unigram_val_nats_per_token, unigram_val_bits_per_byte,
-     tasks: {<task>: {n, acc, acc_stderr, acc_norm, acc_norm_stderr, chance}}, tasks_above_chance}
+     tasks: {<task>: {n, acc, acc_norm, acc_per_byte (each with _stderr), chance}}, tasks_above_chance}
 
 (loss in nats/token; the unigram figures are the tokenize stage's baseline; ``tasks`` are the zero-shot
 multiple-choice tasks of ``eval.tasks``, the first ``eval.task_limit`` documents of each, and

@@ -1,6 +1,6 @@
 """The evaluate stage's figure and DVC plots file for the zero-shot tasks (the train stage's figures are in
 ``train/plots.py``). Input: ``reports/metrics.json``'s ``tasks`` mapping,
-``{task: {n, acc, acc_stderr, acc_norm, acc_norm_stderr, chance}}``.
+``{task: {n, acc, acc_stderr, acc_norm, acc_norm_stderr, acc_per_byte, ..., chance}}``.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-TASKS_CSV_HEADER = ("task", "acc", "acc_norm", "chance")
+TASKS_CSV_HEADER = ("task", "acc", "acc_norm", "acc_per_byte", "chance")
 
 
 def tasks_figure(tasks: dict) -> Figure:
-    """Accuracy and per-byte normalized accuracy per task, ± one standard error, with chance marked."""
+    """Accuracy and length-normalized accuracy (per character, as lm-evaluation-harness) per task, ± one
+    standard error, with chance marked."""
     names = list(tasks)
     x = np.arange(len(names))
     width = 0.38
@@ -23,7 +24,7 @@ def tasks_figure(tasks: dict) -> Figure:
     ax = fig.subplots()
     for offset, key, color, label in (
         (-width / 2, "acc", "tab:blue", "accuracy"),
-        (width / 2, "acc_norm", "tab:cyan", "accuracy per byte (acc_norm)"),
+        (width / 2, "acc_norm", "tab:cyan", "accuracy per character (acc_norm)"),
     ):
         ax.bar(
             x + offset,

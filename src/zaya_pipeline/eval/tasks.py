@@ -16,8 +16,11 @@ Training documents end with EOS, so EOS doubles as the BOS of a new document. Co
 encoded separately, so a choice's tokens never depend on its context. Requests longer than the model's
 window lose context tokens from the left (``fit_window``).
 
-Metrics: ``acc`` picks the highest summed log-likelihood; ``acc_norm`` the highest log-likelihood per UTF-8
-byte of the continuation (which removes the bias towards short answers). Ties go to the first maximum.
+Metrics: ``acc`` picks the highest summed log-likelihood. Two length normalizations remove the bias towards
+short answers: ``acc_norm`` the highest log-likelihood per *character of the bare choice* (the continuation
+without its leading space: lm-evaluation-harness's ``acc_norm``, the one published tables quote) and
+``acc_per_byte`` per UTF-8 byte of the continuation as scored, leading space included (our earlier
+``acc_norm``; the harness's ``acc_bytes`` counts the bare choice's bytes). Ties go to the first maximum.
 """
 
 from __future__ import annotations
@@ -259,24 +262,35 @@ def _stderr(p: float, n: int) -> float:
     return math.sqrt(p * (1 - p) / (n - 1)) if n > 1 else math.nan
 
 
+def bare_choice(continuation: str) -> str:
+    """The answer text without the space that joins it to the context (the harness's target delimiter)."""
+    return continuation[1:] if continuation.startswith(" ") else continuation
+
+
 def task_metrics(items: Sequence[MCItem], logliks: Sequence[Sequence[float]]) -> dict:
-    """``n``, ``acc``, ``acc_norm`` (per-byte), their standard errors and ``chance`` (mean of 1/choices)."""
+    """``n``, ``acc``, ``acc_norm`` (per character of the bare choice, as lm-evaluation-harness),
+    ``acc_per_byte`` (per UTF-8 byte of the continuation), their standard errors and ``chance`` (mean of
+    1/choices)."""
     if not items or len(items) != len(logliks):
         raise ValueError(f"need one loglik list per item, got {len(logliks)} for {len(items)} items")
-    hits = hits_norm = 0
+    hits = hits_norm = hits_byte = 0
     for it, ll in zip(items, logliks, strict=True):
         if len(ll) != len(it.continuations):
             raise ValueError(f"doc_id {it.doc_id}: {len(ll)} logliks for {len(it.continuations)} choices")
         hits += _argmax(ll) == it.gold
+        chars = [max(len(bare_choice(c)), 1) for c in it.continuations]
+        hits_norm += _argmax([x / n for x, n in zip(ll, chars, strict=True)]) == it.gold
         per_byte = [x / len(c.encode("utf-8")) for x, c in zip(ll, it.continuations, strict=True)]
-        hits_norm += _argmax(per_byte) == it.gold
+        hits_byte += _argmax(per_byte) == it.gold
     n = len(items)
-    acc, acc_norm = hits / n, hits_norm / n
+    acc, acc_norm, acc_per_byte = hits / n, hits_norm / n, hits_byte / n
     return {
         "n": n,
         "acc": acc,
         "acc_stderr": _stderr(acc, n),
         "acc_norm": acc_norm,
         "acc_norm_stderr": _stderr(acc_norm, n),
+        "acc_per_byte": acc_per_byte,
+        "acc_per_byte_stderr": _stderr(acc_per_byte, n),
         "chance": sum(1 / len(it.continuations) for it in items) / n,
     }

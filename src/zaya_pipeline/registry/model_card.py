@@ -56,7 +56,7 @@ def task_table(tasks: dict) -> list[str]:
     """Markdown rows of the zero-shot task results (accuracy ± standard error beside chance)."""
     if not tasks:
         return []
-    rows = ["", "| task | n | acc | acc (per-byte norm.) | chance |", "|---|---|---|---|---|"]
+    rows = ["", "| task | n | acc | acc_norm (per character) | chance |", "|---|---|---|---|---|"]
     for name, m in tasks.items():
         rows.append(
             f"| {name} | {m['n']} | {m['acc']:.3f} ± {m['acc_stderr']:.3f} | "
