@@ -65,6 +65,7 @@ def _usage() -> str:
     lines += [f"  {name:<10} {stage.help}" for name, stage in STAGES.items()]
     lines += [f"  {'params':<10} {PARAMS_HELP} (--out FILE, default params.yaml)"]
     lines += [f"  {'generate':<10} generate with a registered model: --model models:/<name>@champion PROMPT"]
+    lines += [f"  {'export':<10} a Hugging Face model folder: --model models:/<name>@champion --out DIR"]
     lines += [
         "",
         "Without --params the config is composed from conf/ (Hydra): pick group members with group=member",
@@ -183,6 +184,16 @@ def _generate_command(argv: list[str]) -> None:
         sys.exit(exc.exit_code)
 
 
+def _export_command(argv: list[str]) -> None:
+    from zaya_pipeline.registry.hf_export import export
+
+    try:
+        print(export(argv))
+    except ZayaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     set_project_env()
@@ -196,6 +207,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if stage == "generate":
         _generate_command(rest)
+        return
+    if stage == "export":
+        _export_command(rest)
         return
     if stage not in STAGES:
         print(f"error: unknown stage '{stage}'\n\n{_usage()}", file=sys.stderr)

@@ -2,7 +2,8 @@
 
 * ``import_closure``: the project modules a module imports, transitively, read from the source with ``ast``
   (function-local imports included, parent packages' ``__init__`` too, ``"zaya_pipeline.x:name"``
-  strings, which the CLI and the curation chain import by name, and ``"sibling.py"`` strings, files a module
+  strings, which the CLI and the curation chain import by name, ``Path(__file__).with_name("folder")`` (every
+  file under it: e.g. the remote code ``zaya export`` copies) and ``"sibling.py"`` strings, files a module
   hands to another tool by path: the MLflow pyfunc entry).
 * ``expected_deps``: a stage's closure from its ``zaya <stage>`` entry point (cli.STAGES), minus the
   generic plumbing listed in pyproject.toml ``[tool.zaya.dvc]`` — the one place that says what may be left
@@ -44,6 +45,14 @@ def _owner(name: str) -> str | None:
     return name or None
 
 
+def _with_name(node: ast.AST) -> str | None:
+    """``X`` of a ``<path>.with_name("X")`` call: a file or folder beside the module that it reads by path."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "with_name":
+        arg = node.args[0] if node.args else None
+        return arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else None
+    return None
+
+
 def direct_imports(module: str, source: str | None = None) -> set[str]:
     """Project modules ``module`` imports anywhere in its body, with their parent packages."""
     tree = ast.parse(source if source is not None else module_file(module).read_text())
@@ -58,6 +67,9 @@ def direct_imports(module: str, source: str | None = None) -> set[str]:
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.endswith(".py"):
             sibling = f"{module.rpartition('.')[0]}.{node.value.removesuffix('.py')}"
             names.update([sibling] if sibling in all_modules() else [])
+        elif _with_name(node) and (module_file(module).parent / _with_name(node)).is_dir():
+            folder = f"{module.rpartition('.')[0]}.{_with_name(node)}."  # Path(__file__).with_name("folder")
+            names.update(m for m in all_modules() if m.startswith(folder))
     found = {m for m in map(_owner, (n for n in names if n.startswith(PKG))) if m}
     for m in list(found):
         parts = m.split(".")

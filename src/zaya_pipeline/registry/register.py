@@ -29,6 +29,7 @@ from pathlib import Path
 from zaya_pipeline.config import ZayaConfig, as_dict
 from zaya_pipeline.errors import ConfigError, DataError
 from zaya_pipeline.model.saved_model import save_safetensors
+from zaya_pipeline.registry.hf_export import write_export
 from zaya_pipeline.registry.lineage import (
     PENDING,
     REGISTRATION_TAG,
@@ -287,6 +288,11 @@ def _package(cfg: ZayaConfig, tmp: Path, inputs, metrics, model_cfg, run_id, wei
     artifacts["model_card"] = str(tmp / "MODEL_CARD.md")
     weights_st, config_json = save_safetensors(inputs["model"], tmp)
     artifacts |= {"safetensors": str(weights_st), "model_config": str(config_json)}
+    hf_files = {
+        **{k: inputs[k] for k in ("model", "tokenizer", "tokenizer_meta")},
+        "card": tmp / "MODEL_CARD.md",
+    }
+    artifacts["hf"] = str(write_export(hf_files, tmp / "hf", f"{cfg.registry.model_name} (run {run_id})"))
     tags = lineage_tags(cfg, metrics, weights, file_sha256(config), commit, dirty, value)
     return artifacts, tags, card
 

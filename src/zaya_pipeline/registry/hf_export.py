@@ -1,0 +1,222 @@
+"""``zaya export``: a Hugging Face model folder from a registered model or a ``model.pt``.
+
+The folder (``transformers`` loads it with ``trust_remote_code=True``)::
+
+    config.json                  model_type "zaya_moe", auto_map to the two files below, ``zaya``: our config
+    configuration_zaya.py        ZayaConfig (PretrainedConfig)
+    modeling_zaya.py             ZayaForCausalLM (PreTrainedModel + GenerationMixin): ZayaLM, its KV cache
+    model.safetensors            the weights, under ``model.<ZayaLM name>``
+    tokenizer.json               our BPE, with a post-processor that puts EOS first (what every training
+                                 document followed, and what ``zaya generate`` prepends)
+    tokenizer_config.json, special_tokens_map.json
+                                 PreTrainedTokenizerFast with eos / pad, and bos = EOS (see above)
+    generation_config.json       eos / pad / bos ids
+    README.md                    the model card (lineage, metrics) when exported from a registered version
+
+The remote code imports ``zaya_pipeline``: the exported model runs the code that trained it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from dataclasses import asdict
+from importlib.metadata import version as dist_version
+from pathlib import Path
+
+from zaya_pipeline.config import RegistryConfig
+from zaya_pipeline.errors import ConfigError, DataError
+from zaya_pipeline.utils import atomic_dir, get_logger, read_json
+
+log = get_logger("export")
+
+HELP = "write a Hugging Face model folder (transformers, trust_remote_code=True) from a model"
+MODEL_TYPE = "zaya_moe"
+REMOTE_CODE = Path(__file__).with_name("hf_remote")
+AUTO_MAP = {
+    "AutoConfig": "configuration_zaya.ZayaConfig",
+    "AutoModelForCausalLM": "modeling_zaya.ZayaForCausalLM",
+}
+
+
+USAGE = """
+## Loading with transformers
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("<this folder>", trust_remote_code=True)
+tok = AutoTokenizer.from_pretrained("<this folder>", trust_remote_code=True)
+ids = tok("The database", return_tensors="pt").input_ids  # EOS first, as in training
+out = model.generate(ids, max_new_tokens=20, do_sample=False)
+print(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+```
+
+The remote code imports `zaya_pipeline` (`pip install zaya_pipeline`). Batches must be unpadded.
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="zaya export", description=HELP)
+    p.add_argument(
+        "--model",
+        required=True,
+        help="a registered model (models:/<name>@<alias>, models:/<name>/<version>) or a model.pt file",
+    )
+    p.add_argument(
+        "--tokenizer", default="", help="tokenizer folder for a model.pt (default: artifacts/tokenizer)"
+    )
+    p.add_argument(
+        "--out", required=True, help="the folder to write (replaced if it holds an earlier export)"
+    )
+    p.add_argument("--tracking-uri", default="", help="store (default: $MLFLOW_TRACKING_URI or ./mlflow.db)")
+    return p
+
+
+def _is_export(folder: Path) -> bool:
+    try:
+        return read_json(folder / "config.json").get("model_type") == MODEL_TYPE
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_out(out: Path) -> None:
+    """``out`` may be missing, empty or an earlier export; anything else is refused (it would be replaced)."""
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not _is_export(out))):
+        raise ConfigError(f"--out {out}: exists and is not an earlier zaya export; choose another folder")
+
+
+def _registered_files(model_uri: str, tracking_uri: str) -> dict[str, Path]:
+    """The registered version's model.pt, tokenizer files and model card, downloaded from the store."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from zaya_pipeline.tracking import TrackingError, using_tracking_uri
+
+    try:
+        with using_tracking_uri(tracking_uri):
+            root = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri))
+    except MlflowException as exc:
+        raise TrackingError(f"cannot load {model_uri} from {tracking_uri}: {exc.message}") from None
+    files = {
+        "model": root / "artifacts" / "model.pt",
+        "tokenizer": root / "artifacts" / "tokenizer.json",
+        "tokenizer_meta": root / "artifacts" / "meta.json",
+        "card": root / "artifacts" / "MODEL_CARD.md",
+    }
+    missing = [str(p) for key, p in files.items() if key != "card" and not p.is_file()]
+    if missing:
+        raise DataError(f"{model_uri} is not a zaya registered model: it lacks {', '.join(missing)}")
+    return files
+
+
+def _local_files(model_pt: str, tokenizer_dir: str) -> dict[str, Path]:
+    tok = Path(tokenizer_dir or "artifacts/tokenizer")
+    files = {
+        "model": Path(model_pt),
+        "tokenizer": tok / "tokenizer.json",
+        "tokenizer_meta": tok / "meta.json",
+    }
+    for key, path in files.items():
+        if not path.is_file():
+            flag = "--model" if key == "model" else "--tokenizer"
+            raise DataError(f"{flag}: {path} is missing")
+    return files
+
+
+def _tokenizer_files(files: dict[str, Path], out: Path, max_len: int) -> dict:
+    """tokenizer.json (EOS put first by its post-processor), tokenizer_config.json, special_tokens_map.json;
+    returns the special token ids for config.json."""
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    meta = read_json(files["tokenizer_meta"])
+    eos, pad = meta.get("eos_token") or "<|endoftext|>", meta.get("pad_token")
+    tok = Tokenizer.from_file(str(files["tokenizer"]))
+    eos_id = tok.token_to_id(eos)
+    if eos_id is None or eos_id != int(meta["eos_id"]):
+        raise DataError(
+            f"{files['tokenizer_meta']}: eos_token {eos!r} is not id {meta['eos_id']} of its tokenizer"
+        )
+    tok.post_processor = TemplateProcessing(
+        single=f"{eos} $A", pair=f"{eos} $A {eos} $B:1", special_tokens=[(eos, eos_id)]
+    )
+    tok.save(str(out / "tokenizer.json"))
+    special = {"bos_token": eos, "eos_token": eos, **({"pad_token": pad} if pad else {})}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": max_len,
+        "clean_up_tokenization_spaces": False,
+        **special,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n", encoding="utf-8")
+    pad_id = tok.token_to_id(pad) if pad else None
+    return {
+        "bos_token_id": eos_id,
+        "eos_token_id": eos_id,
+        "pad_token_id": pad_id if pad_id is not None else eos_id,
+    }
+
+
+def write_export(files: dict[str, Path], out: Path, source: str) -> Path:
+    """The Hugging Face folder for ``files`` (model, tokenizer, tokenizer_meta, optional card) at ``out``,
+    built under a temporary name and swapped in whole."""
+    from safetensors.torch import save_file
+
+    from zaya_pipeline.model.saved_model import load_model
+
+    check_out(out)
+    model, cfg = load_model(files["model"])
+    with atomic_dir(out) as tmp:
+        state = {f"model.{k}": v.contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        ids = _tokenizer_files(files, tmp, cfg.max_seq_len)
+        config = {
+            "model_type": MODEL_TYPE,
+            "architectures": ["ZayaForCausalLM"],
+            "auto_map": AUTO_MAP,
+            "zaya": asdict(cfg),
+            "vocab_size": cfg.vocab_size,
+            "max_position_embeddings": cfg.max_seq_len,
+            "hidden_size": cfg.d_model,
+            "num_hidden_layers": cfg.n_layers,
+            "tie_word_embeddings": False,
+            "dtype": "float32",
+            "zaya_pipeline_version": dist_version("zaya_pipeline"),
+            "zaya_source": source,
+            **ids,
+        }
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        (tmp / "generation_config.json").write_text(json.dumps(ids, indent=2) + "\n", encoding="utf-8")
+        for name in ("configuration_zaya.py", "modeling_zaya.py"):
+            shutil.copyfile(REMOTE_CODE / name, tmp / name)
+        card = files.get("card")
+        text = (
+            card.read_text(encoding="utf-8")
+            if card and card.is_file()
+            else f"# zaya MoE model\n\nFrom {source}.\n"
+        )
+        (tmp / "README.md").write_text(text + USAGE, encoding="utf-8")
+    log.info("exported %s to %s", source, out)
+    return out
+
+
+def export(argv: list[str]) -> Path:
+    """``zaya export``: parse ``argv``, fetch the model and write the folder; returns it."""
+    from zaya_pipeline.tracking import tracking_uri
+
+    args = parser().parse_args(argv)
+    out = Path(args.out)
+    check_out(out)  # before any download
+    if args.model.startswith(("models:/", "runs:/")):
+        uri = tracking_uri(RegistryConfig(tracking_uri=args.tracking_uri))
+        files = _registered_files(args.model, uri)
+    elif "://" in args.model:
+        raise ConfigError(
+            f"--model {args.model!r}: expected models:/<name>@<alias>, models:/<name>/<v> or a file"
+        )
+    else:
+        files = _local_files(args.model, args.tokenizer)
+    return write_export(files, out, args.model)
