@@ -11,9 +11,7 @@ import copy
 import json
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -24,22 +22,13 @@ import mlflow
 import pandas as pd
 import pytest
 
+from support.mlflow_ui import free_port, serving
 from zaya_pipeline.registry.register import register
 from zaya_pipeline.tracking import using_tracking_uri
 
 MODEL_NAME = "zaya-serve"
 READY_DEADLINE_S = 120  # model load takes ~7 s on 2 idle cores; leave room for a busy machine
 PROMPTS = ["The database", "the café serves"]  # a non-ASCII prompt: the text must survive the JSON round-trip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tail(path: Path, n: int = 3000) -> str:
-    return path.read_text(errors="replace")[-n:] if path.exists() else "(no output)"
 
 
 def post(url: str, body, content_type: str = "application/json") -> tuple[int, str]:
@@ -63,46 +52,15 @@ def served(workspace, tmp_path_factory):
     shutil.copy(workspace["root"] / "reports" / "metrics.json", root / "reports")
     model_uri = register(cfg)["model_uri"]
 
-    port, log_path = free_port(), root / "server.log"
+    port = free_port()
     venv_bin = Path(sys.executable).parent  # MLflow execs `uvicorn` by name: the venv's bin must be on PATH
     path = f"{venv_bin}{os.pathsep}{os.environ['PATH']}"
     env = os.environ | {"MLFLOW_TRACKING_URI": workspace["uri"], "PATH": path}
     cmd = [str(venv_bin / "mlflow"), "models", "serve", "-m", model_uri, "--env-manager", "local"]
     cmd += ["-h", "127.0.0.1", "-p", str(port)]
-    with open(log_path, "wb") as log:
-        out = {"stdout": log, "stderr": subprocess.STDOUT}
-        proc = subprocess.Popen(cmd, env=env, cwd=root, start_new_session=True, **out)
-
-    def stop() -> None:
-        if proc.returncode is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
-            except ProcessLookupError:
-                proc.wait(timeout=30)
-
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + READY_DEADLINE_S
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/ping", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None:
-                pytest.fail(f"`mlflow models serve` exited with {proc.returncode}:\n{tail(log_path)}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"`mlflow models serve` not ready after {READY_DEADLINE_S} s:\n{tail(log_path)}")
-            time.sleep(0.25)
-        yield {"url": url, "model_uri": model_uri, "uri": workspace["uri"], "proc": proc, "port": port,
-               "stop": stop, "log": log_path}  # fmt: skip
-    finally:
-        stop()
+    with serving(cmd, port, "/ping", root / "server.log", READY_DEADLINE_S, env=env, cwd=root) as server:
+        yield {"url": server.url, "model_uri": model_uri, "uri": workspace["uri"], "proc": server.proc,
+               "port": port, "stop": server.stop, "log": server.log}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +123,8 @@ def test_stopping_the_server_ends_its_process_group_and_frees_the_port(served):
             os.killpg(served["proc"].pid, 0)
         except ProcessLookupError:
             break
-        assert time.monotonic() < deadline, f"the server outlived SIGTERM:\n{tail(served['log'])}"
+        if time.monotonic() > deadline:
+            pytest.fail(f"the server outlived SIGTERM:\n{served['log'].read_text()[-3000:]}")
         time.sleep(0.2)
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", served["port"]), timeout=5).close()

@@ -56,6 +56,53 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Served:
+    """A server process started by :func:`serving`: its base URL, process and log."""
+
+    def __init__(self, url: str, proc: subprocess.Popen, log: Path):
+        self.url, self.proc, self.log = url, proc, log
+
+    def stop(self) -> None:
+        """SIGTERM to the whole process group (servers fork workers), SIGKILL after 30 s."""
+        if self.proc.returncode is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        except ProcessLookupError:
+            self.proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def serving(
+    cmd: list[str], port: int, ready_path: str, log: Path, timeout_s: float = 120.0, **popen
+) -> Iterator[Served]:
+    """Run ``cmd`` (listening on 127.0.0.1:``port``) in its own process group, output to ``log``; yield once
+    ``GET ready_path`` answers 200 (RuntimeError with the log's tail if it exits or never does); stop it."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **popen)
+    served = Served(f"http://127.0.0.1:{port}", proc, log)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"{served.url}{ready_path}", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                state = f"exited with {proc.returncode}" if proc.returncode is not None else "never answered"
+                raise RuntimeError(f"{cmd[0]} {cmd[1]} {state} on {served.url}:\n{log.read_text()[-3000:]}")
+            time.sleep(0.25)
+        yield served
+    finally:
+        served.stop()
+
+
 @contextlib.contextmanager
 def mlflow_server(backend_uri: str, artifacts: Path, timeout_s: float = 120.0) -> Iterator[str]:
     """``mlflow server`` on 127.0.0.1; yields its base URL once ``/health`` answers."""
@@ -65,32 +112,8 @@ def mlflow_server(backend_uri: str, artifacts: Path, timeout_s: float = 120.0) -
     cmd += [artifacts.resolve().as_uri(), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     log = artifacts.parent / f"mlflow_server_{port}.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"mlflow server did not start on {url}; its log:\n{log.read_text()[-3000:]}"
-                )
-            time.sleep(0.5)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    with serving(cmd, port, "/health", log, timeout_s, env=env) as served:
+        yield served.url
 
 
 @contextlib.contextmanager
