@@ -37,7 +37,9 @@ def signature():
 def prompts_of(model_input) -> list[str]:
     """The prompts of a DataFrame (its ``prompt`` column, or its only column), a Series, a dict with a
     ``prompt`` list, a list or a single string. List-valued cells (``{"prompt": [...]}`` as MLflow's schema
-    enforcement frames it) are flattened."""
+    enforcement frames it) are flattened. Over HTTP (``mlflow models serve``) MLflow itself refuses the dict
+    form with a 400 (the signature's one column is unnamed): send ``dataframe_split`` or ``inputs`` as a list
+    (tests/registry/test_serve.py)."""
     if isinstance(model_input, pd.DataFrame):
         if PROMPT_COLUMN in model_input.columns:
             model_input = model_input[PROMPT_COLUMN]
