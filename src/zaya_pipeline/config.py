@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zaya_pipeline.errors import ConfigError
+from zaya_pipeline.errors import ConfigError, first_line
 
 GROUPS = ("paths", "data", "tokenizer", "model", "train", "parallel", "eval", "registry", "experiment")
 # Lightning's precision flags (a test keeps them equal to lightning.fabric.connector's)
@@ -482,7 +482,7 @@ def to_schema(raw: Any, origin: str) -> ZayaConfig:
         key = getattr(exc, "full_key", None) or ""
         if key and (unknown := unknown_key(key, ZayaConfig)):
             raise ConfigError(f"invalid configuration in {origin}: {unknown}") from None
-        msg = (getattr(exc, "msg", None) or str(exc)).strip().splitlines()[0]
+        msg = first_line(exc)
         where = f" at key '{key}'" if key else ""
         raise ConfigError(f"invalid configuration in {origin}{where}: {msg}") from None
     validate(cfg)
@@ -531,8 +531,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path | None =
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             return hydra_compose(config_name="config", overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise ConfigError(f"cannot compose config from {conf_dir}: {first}") from None
+        raise ConfigError(f"cannot compose config from {conf_dir}: {first_line(exc)}") from None
 
 
 def load_params(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ZayaConfig:

@@ -11,7 +11,7 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from zaya_pipeline.errors import ConfigError
+from zaya_pipeline.errors import ConfigError, first_line
 
 
 def _schema_node(key: str, schema: type) -> str:
@@ -87,7 +87,7 @@ def check_overrides(overrides: list[str] | tuple[str, ...], conf_dir: Path, sche
         try:
             o = parser.parse_override(text)
         except HydraException as exc:
-            raise ConfigError(f"cannot parse override {text!r}: {str(exc).strip().splitlines()[0]}") from None
+            raise ConfigError(f"cannot parse override {text!r}: {first_line(exc)}") from None
         key = o.key_or_group
         if o.is_add() or o.is_force_add() or o.is_delete() or key.split("/")[0].split(".")[0] == "hydra":
             continue

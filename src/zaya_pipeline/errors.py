@@ -7,6 +7,12 @@ class ZayaError(ValueError):
     exit_code = 2
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (for a one-line error), else its type's name."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class ConfigError(ZayaError):
     """A bad configuration value, key, group or file."""
 

@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 from urllib.request import getproxies, proxy_bypass
 
 from zaya_pipeline.config import RegistryConfig
-from zaya_pipeline.errors import DataError, Preempted, Terminated, ZayaError
+from zaya_pipeline.errors import DataError, Preempted, Terminated, ZayaError, first_line
 from zaya_pipeline.utils import get_logger, process_alive, read_json
 
 DEFAULT_DB = "mlflow.db"  # under the working directory (the repo root under DVC); ignored by git
@@ -117,7 +117,7 @@ def adopt_store(root: Path) -> None:
                     for prefix, new in ((old.as_uri(), root.as_uri()), (str(old), str(root))):
                         _replace_prefix(con, prefix + "/", new + "/")
     except sqlite3.Error as exc:
-        raise TrackingError(f"cannot adopt the copied MLflow store {db}: {_first_line(exc)}") from None
+        raise TrackingError(f"cannot adopt the copied MLflow store {db}: {first_line(exc)}") from None
 
 
 def _local_path(location: str | None) -> Path | None:
@@ -314,14 +314,9 @@ def get_run(uri: str, run_id: str):
     except MlflowException as exc:
         if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
             raise TrackingError(f"run {run_id} is not in the MLflow store {uri}: re-run zaya train") from None
-        raise TrackingError(f"cannot open the MLflow tracking store {uri}: {_first_line(exc)}") from None
+        raise TrackingError(f"cannot open the MLflow tracking store {uri}: {first_line(exc)}") from None
     except Exception as exc:  # requests / SQLAlchemy errors surface unwrapped from some stores
-        raise TrackingError(f"cannot open the MLflow tracking store {uri}: {_first_line(exc)}") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        raise TrackingError(f"cannot open the MLflow tracking store {uri}: {first_line(exc)}") from None
 
 
 @contextlib.contextmanager
@@ -413,7 +408,7 @@ def ending_run(uri: str, run_id: str) -> Iterator[None]:
         try:
             _end_run(uri, run_id, "KILLED" if killed else "FAILED")
         except Exception as end_exc:  # the stage's own error is the one to report
-            log.warning("could not end MLflow run %s: %s", run_id, _first_line(end_exc))
+            log.warning("could not end MLflow run %s: %s", run_id, first_line(end_exc))
         raise
     else:
         _end_run(uri, run_id, "FINISHED")

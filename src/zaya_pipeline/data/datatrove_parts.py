@@ -98,10 +98,10 @@ def zero_gzip_mtime(path: str | Path) -> None:
 def run_explained(executor, what: str, logs: Path):
     """``executor.run()``; a task's failure (a corrupt input shard, a failing step) becomes one ``DataError``
     line naming ``what`` and where datatrove's task logs are, instead of a traceback."""
-    from zaya_pipeline.errors import DataError
+    from zaya_pipeline.errors import DataError, first_line
 
     try:
         return executor.run()
     except Exception as exc:
-        why = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        why = f"{type(exc).__name__}: {first_line(exc)}"
         raise DataError(f"{what} failed: {why} (task logs: {Path(logs) / 'logs'})") from exc

@@ -27,7 +27,7 @@ from importlib.metadata import version as dist_version
 from pathlib import Path
 
 from zaya_pipeline.config import ZayaConfig, as_dict
-from zaya_pipeline.errors import ConfigError, DataError
+from zaya_pipeline.errors import ConfigError, DataError, first_line
 from zaya_pipeline.model.saved_model import save_safetensors
 from zaya_pipeline.registry.hf_export import write_export
 from zaya_pipeline.registry.lineage import (
@@ -151,7 +151,7 @@ def _log_model(client, uri: str, run, weights: str, artifacts: dict[str, str]) -
             where, why = model.artifact_location, exc.strerror or exc
             raise TrackingError(f"cannot write the model's artifacts to {where}: {why}") from None
         if isinstance(exc, MlflowException):
-            why = _first_line(exc)
+            why = first_line(exc)
             raise TrackingError(f"cannot log the model to run {run_id} in {uri}: {why}") from None
         raise
     return model.model_id
@@ -193,7 +193,7 @@ def _discard(what: str, delete) -> None:
     try:
         delete()
     except Exception as exc:
-        log.warning("could not remove %s of the failed registration: %s", what, _first_line(exc))
+        log.warning("could not remove %s of the failed registration: %s", what, first_line(exc))
 
 
 def _model_config(path: Path):
@@ -248,12 +248,7 @@ def _call_store(uri: str, fn):
     try:
         return fn()
     except MlflowException as exc:
-        raise TrackingError(f"the model registry at {uri} failed: {_first_line(exc)}") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(getattr(exc, "message", "") or exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        raise TrackingError(f"the model registry at {uri} failed: {first_line(exc)}") from None
 
 
 def _result(name, version, run_id, uri, registry_uri, logged_model_uri) -> dict:
