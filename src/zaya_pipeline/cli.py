@@ -78,6 +78,7 @@ def _usage() -> str:
 
 def _stage_help(stage: str) -> str:
     from zaya_pipeline.config import GROUPS, config_dir
+    from zaya_pipeline.config_keys import group_members
 
     conf = config_dir()
     lines = [
@@ -87,11 +88,10 @@ def _stage_help(stage: str) -> str:
     ]
     lines += ["", f"config groups (from {conf}):"]
     for group in GROUPS:
-        members = sorted(p.stem for p in (conf / group).glob("*.yaml")) if (conf / group).is_dir() else []
-        lines.append(f"  {group:<14} {', '.join(members)}")
+        lines.append(f"  {group:<14} {', '.join(group_members(group, conf))}")
         for sub in sorted(p for p in (conf / group).glob("*/") if p.is_dir()):
-            names = sorted(p.stem for p in sub.glob("*.yaml"))
-            lines.append(f"  {group + '/' + sub.name:<14} {', '.join(names)}")
+            name = f"{group}/{sub.name}"
+            lines.append(f"  {name:<14} {', '.join(group_members(name, conf))}")
     lines += [
         "",
         "options:",
