@@ -27,9 +27,14 @@ NOT_RESULTS = ("mlflow.db", "mlartifacts/", "logs/", "data/curated.work/", "arti
 pytestmark = pytest.mark.slow
 
 
-def zaya(root: Path, stage: str, *overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
+def _command(stage: str, *overrides: str) -> tuple[list[str], dict[str, str]]:
+    """``zaya <stage>`` on the debug experiment with this repo's conf/, and its environment."""
     env = {**os.environ, "ZAYA_CONF_DIR": str(REPO / "conf"), "PYTHONUNBUFFERED": "1"}
-    cmd = [ZAYA, stage, *COMMON, *overrides]
+    return [ZAYA, stage, *COMMON, *overrides], env
+
+
+def zaya(root: Path, stage: str, *overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    cmd, env = _command(stage, *overrides)
     return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -149,8 +154,7 @@ def test_a_planted_checkpoint_is_refused_before_it_runs_and_loses_nothing(intact
 
 def _kill_when(root: Path, stage: str, pattern: str, *overrides: str) -> None:
     """Start ``zaya <stage>``, SIGKILL it once a stderr line matches ``pattern`` (mid-work)."""
-    env = {**os.environ, "ZAYA_CONF_DIR": str(REPO / "conf"), "PYTHONUNBUFFERED": "1"}
-    cmd = [ZAYA, stage, *COMMON, *overrides]
+    cmd, env = _command(stage, *overrides)
     proc = subprocess.Popen(
         cmd, cwd=root, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
     )
