@@ -66,6 +66,7 @@ def _usage() -> str:
     lines += [f"  {'params':<10} {PARAMS_HELP} (--out FILE, default params.yaml)"]
     lines += [f"  {'generate':<10} generate with a registered model: --model models:/<name>@champion PROMPT"]
     lines += [f"  {'export':<10} a Hugging Face model folder: --model models:/<name>@champion --out DIR"]
+    lines += [f"  {'kernels':<10} static report: every expert kernel x config compiled for MI300X..A100 (--help)"]
     lines += [
         "",
         "Without --params the config is composed from conf/ (Hydra): pick group members with group=member",
@@ -194,6 +195,17 @@ def _export_command(argv: list[str]) -> None:
         sys.exit(exc.exit_code)
 
 
+def _kernels_command(argv: list[str]) -> None:
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("error: zaya kernels compiles for GPU targets; unset TRITON_INTERPRET", file=sys.stderr)
+        sys.exit(2)
+    from zaya_pipeline.kernels.aot import main as report
+
+    sys.exit(report(argv))
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     set_project_env()
@@ -210,6 +222,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if stage == "export":
         _export_command(rest)
+        return
+    if stage == "kernels":
+        _kernels_command(rest)
         return
     if stage not in STAGES:
         print(f"error: unknown stage '{stage}'\n\n{_usage()}", file=sys.stderr)

@@ -88,11 +88,12 @@ def test_bf16_parity_with_loop(backend, case):
     check_parity(backend, case, torch.bfloat16, tol=1e-2)
 
 
-def test_triton_permutation_is_a_stable_sort():
+@pytest.mark.parametrize("tokens,top_k", [(300, 3), (10_000, 2)])  # 15 blocks; 313, over one scan chunk
+def test_triton_permutation_is_a_stable_sort(tokens, top_k):
     from zaya_pipeline.ops.triton_expert_mlp import permute
 
     g = torch.Generator().manual_seed(3)
-    ids = torch.randint(0, 7, (300, 3), generator=g)
+    ids = torch.randint(0, 7, (tokens, top_k), generator=g)
     ids[:, 0] = torch.where(ids[:, 0] == 5, 4, ids[:, 0])  # expert 5 only in later slots
     counts, offsets, sorted_pair, pair_pos = permute(ids, 9)  # experts 7 and 8 get nothing
     flat = ids.reshape(-1)
@@ -173,3 +174,11 @@ def test_autocast_runs_the_gemms_in_the_autocast_dtype(backend):
     assert all(g.dtype == torch.float32 for g in grads)
     by_hand = expert_mlp(x.bfloat16(), ids, w, wgu.bfloat16(), wd.bfloat16(), backend=backend)
     torch.testing.assert_close(y, by_hand, rtol=0, atol=0)
+
+
+def test_triton_parity_with_64_bit_offsets(monkeypatch):
+    """The WIDE path (int64 row offsets, taken when a tensor has 2^31 elements or more) against loop."""
+    from zaya_pipeline.ops import triton_expert_mlp
+
+    monkeypatch.setattr(triton_expert_mlp, "_wide", lambda *sizes: True)
+    check_parity("triton", CASES[2], torch.float32, tol=1e-5)

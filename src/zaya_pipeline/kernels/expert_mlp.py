@@ -8,11 +8,17 @@ grid maps to (expert, first row) from the per-expert tile counts, recomputed in 
 ``counts_E`` so the tiling follows whatever BLOCK_M the autotuner picked, with no host sync.
 
 Kernels:
-* ``align_kernel`` — histogram + prefix sum → counts, offsets, the stable expert-sorted order and its inverse.
+* ``count_kernel``, ``scan_kernel``, ``place_kernel`` — the permutation: per-block histograms (many
+  programs), one scan of the (blocks x experts) counts, then every row's stable place (many programs) →
+  counts, offsets, the stable expert-sorted order and its inverse.
 * ``gate_up_kernel`` — gathered x @ W_gate|up[e] with SwiGLU fused in the epilogue (stores gate|up and h).
 * ``grouped_gemm_kernel`` — sorted rows @ W[e] (W transposed by strides): down forward, dX of gate|up.
-* ``down_bwd_kernel`` — dy gathered @ W_down[e]^T, fused with the routing-weight grad and the SwiGLU backward.
+* ``down_bwd_kernel`` — dy gathered @ W_down[e]^T, fused with the routing-weight grad, w * h for dW_down and
+  the SwiGLU backward.
 * ``grouped_dw_kernel`` — per-expert A_e^T @ B_e over the expert's rows: dW_gate_up and dW_down.
+
+The row-tiled GEMMs run on a 1D grid in grouped tile order (``GROUP_M`` row tiles sweep the N tiles
+together, for L2 reuse) and, on multi-XCD AMD GPUs, remapped so neighbouring tiles share an XCD.
 * ``combine_kernel`` — the weighted top-k un-permute: y[t] = sum_k w[t, k] * rows[pos(t, k)].
 
 Shape legend:
@@ -25,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from zaya_pipeline.kernels.configs import combine_config, dw_configs, gemm_configs
+from zaya_pipeline.kernels.configs import combine_config, kernel_configs
 
 
 @triton.jit
@@ -49,6 +55,16 @@ def _cast(x, dtype, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _idx(x, WIDE: tl.constexpr):
+    """Row indices as offsets: int64 only when a tensor of the launch has 2^31 elements or more (the host
+    sets WIDE). 32-bit offset tensors take half the registers, and the AMD backend turns loads with 32-bit
+    offsets into buffer loads."""
+    if WIDE:
+        return x.to(tl.int64)
+    return x
+
+
+@triton.jit
 def _tile_rows(pid_m, counts_ptr, E, BLOCK_M: tl.constexpr, E_POW2: tl.constexpr):
     """(expert, its BLOCK_M rows, which of them are real) of M tile ``pid_m``; expert == E for the grid's
     spare tiles."""
@@ -66,9 +82,50 @@ def _tile_rows(pid_m, counts_ptr, E, BLOCK_M: tl.constexpr, E_POW2: tl.constexpr
 
 
 @triton.jit
+def _xcd_remap(pid, num_pids, NUM_XCDS: tl.constexpr):
+    """The logical tile a workgroup takes, so that consecutive logical tiles run on one XCD.
+
+    AMD's CDNA3/4 GPUs (MI300X, MI355X: 8 XCDs, each with its own L2) hand workgroup p to XCD p % NUM_XCDS.
+    Remapped, XCD x runs the contiguous logical range of its workgroups, so tiles that share operands (the
+    grouped order below) share that XCD's L2. A bijection on [0, num_pids) for any num_pids; NUM_XCDS = 1
+    (NVIDIA, one-die AMD) is the identity."""
+    if NUM_XCDS == 1:
+        return pid
+    xcd = pid % NUM_XCDS
+    local = pid // NUM_XCDS
+    per_xcd = num_pids // NUM_XCDS  # every XCD gets per_xcd workgroups, the first `extra` one more
+    extra = num_pids % NUM_XCDS
+    return xcd * per_xcd + tl.minimum(xcd, extra) + local
+
+
+@triton.jit
+def _grouped_order(pid, num_m, num_n, GROUP_M: tl.constexpr):
+    """(M tile, N tile) of linear tile ``pid``: groups of GROUP_M M tiles sweep all N tiles before the next
+    group starts, so a wave of programs reads GROUP_M row blocks and the weight columns they need, which stay
+    in L2, rather than every row block once per N tile."""
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    rows_here = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % width) % rows_here, (pid % width) // rows_here
+
+
+@triton.jit
+def _row_tile(counts_ptr, E, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, E_POW2: tl.constexpr,
+              GROUP_M: tl.constexpr, NUM_XCDS: tl.constexpr):  # fmt: skip
+    """(expert, rows, row_ok, N tile) of this program of a row-tiled GEMM on a 1D grid of
+    (M tile upper bound) x (N tiles) programs."""
+    num_n = tl.cdiv(N, BLOCK_N)
+    num_pids = tl.num_programs(0)
+    pid = _xcd_remap(tl.program_id(0), num_pids, NUM_XCDS)
+    pid_m, pid_n = _grouped_order(pid, num_pids // num_n, num_n, GROUP_M)
+    expert, rows, row_ok = _tile_rows(pid_m, counts_ptr, E, BLOCK_M, E_POW2)
+    return expert, rows, row_ok, pid_n
+
+
+@triton.jit
 def _rows_matmul(
     a_ptr, a_rows, stride_a, row_ok, b_base, stride_bk, stride_bn, cols, col_ok, K,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, WIDE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """fp32 (BLOCK_M, BLOCK_N) tile of A[a_rows, :K] @ B[:K, cols]: A rows by index (gathered or not),
@@ -78,7 +135,7 @@ def _rows_matmul(
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
         a = tl.load(
-            a_ptr + a_rows.to(tl.int64)[:, None] * stride_a + ks[None, :],
+            a_ptr + _idx(a_rows, WIDE)[:, None] * stride_a + ks[None, :],
             mask=row_ok[:, None] & k_ok[None, :], other=0.0,
         )  # fmt: skip
         b = tl.load(
@@ -90,44 +147,68 @@ def _rows_matmul(
 
 
 @triton.jit
-def align_kernel(
-    ids_ptr, counts_ptr, offsets_ptr, sorted_pair_ptr, pair_pos_ptr, S, E,
+def count_kernel(ids_ptr, block_counts_ptr, S, BLOCK_S: tl.constexpr, E_POW2: tl.constexpr):
+    """Permutation pass 1 (one program per block of BLOCK_S rows): rows per expert in this block."""
+    b = tl.program_id(0)
+    e_idx = tl.arange(0, E_POW2)
+    s = b * BLOCK_S + tl.arange(0, BLOCK_S)
+    ids = tl.load(ids_ptr + s, mask=s < S, other=-1).to(tl.int32)
+    counts = tl.sum((ids[:, None] == e_idx[None, :]).to(tl.int32), 0)
+    tl.store(block_counts_ptr + b * E_POW2 + e_idx, counts)
+
+
+@triton.jit
+def scan_kernel(
+    block_counts_ptr, block_base_ptr, counts_ptr, offsets_ptr, num_blocks, E,
+    BLOCK_B: tl.constexpr, E_POW2: tl.constexpr,
+):  # fmt: skip
+    """Permutation pass 2 (one program, over num_blocks x E counts): each block's first place within each
+    expert (block_base), the per-expert counts and the expert offsets."""
+    e_idx = tl.arange(0, E_POW2)
+    total = tl.zeros([E_POW2], dtype=tl.int32)
+    for b0 in range(0, num_blocks, BLOCK_B):
+        bs = b0 + tl.arange(0, BLOCK_B)
+        ptrs = bs[:, None] * E_POW2 + e_idx[None, :]
+        ok = (bs < num_blocks)[:, None]
+        c = tl.load(block_counts_ptr + ptrs, mask=ok, other=0)
+        tl.store(block_base_ptr + ptrs, tl.cumsum(c, 0) - c + total[None, :], mask=ok)
+        total += tl.sum(c, 0)
+    ends = tl.cumsum(total, 0)
+    tl.store(counts_ptr + e_idx, total, mask=e_idx < E)
+    tl.store(offsets_ptr + 1 + e_idx, ends, mask=e_idx < E)
+    tl.store(offsets_ptr + e_idx, ends - total, mask=e_idx == 0)
+
+
+@triton.jit
+def place_kernel(
+    ids_ptr, block_base_ptr, offsets_ptr, sorted_pair_ptr, pair_pos_ptr, S, E,
     BLOCK_S: tl.constexpr, E_POW2: tl.constexpr,
 ):  # fmt: skip
-    """One program: pass 1 counts rows per expert, pass 2 gives each row its stable place in its expert."""
+    """Permutation pass 3 (one program per block): each row's stable place, expert offset + the block's
+    base within the expert + its rank among the block's rows of that expert."""
+    b = tl.program_id(0)
     e_idx = tl.arange(0, E_POW2)
-    counts = tl.zeros([E_POW2], dtype=tl.int32)
-    for start in range(0, S, BLOCK_S):
-        s = start + tl.arange(0, BLOCK_S)
-        ids = tl.load(ids_ptr + s, mask=s < S, other=-1).to(tl.int32)
-        counts += tl.sum((ids[:, None] == e_idx[None, :]).to(tl.int32), 0)
-    ends = tl.cumsum(counts, 0)
-    tl.store(counts_ptr + e_idx, counts, mask=e_idx < E)
-    tl.store(offsets_ptr + 1 + e_idx, ends, mask=e_idx < E)
-    tl.store(offsets_ptr + e_idx, ends - counts, mask=e_idx == 0)
-    next_free = ends - counts
-    for start in range(0, S, BLOCK_S):
-        s = start + tl.arange(0, BLOCK_S)
-        ids = tl.load(ids_ptr + s, mask=s < S, other=-1).to(tl.int32)
-        onehot = (ids[:, None] == e_idx[None, :]).to(tl.int32)
-        rank = tl.cumsum(onehot, 0) - onehot + next_free[None, :]
-        pos = tl.sum(rank * onehot, 1)
-        tl.store(pair_pos_ptr + s, pos, mask=s < S)
-        tl.store(sorted_pair_ptr + pos, s, mask=s < S)
-        next_free += tl.sum(onehot, 0)
+    s = b * BLOCK_S + tl.arange(0, BLOCK_S)
+    ids = tl.load(ids_ptr + s, mask=s < S, other=-1).to(tl.int32)
+    onehot = (ids[:, None] == e_idx[None, :]).to(tl.int32)
+    base = tl.load(block_base_ptr + b * E_POW2 + e_idx) + tl.load(offsets_ptr + e_idx, mask=e_idx < E, other=0)
+    rank = tl.cumsum(onehot, 0) - onehot + base[None, :]
+    pos = tl.sum(rank * onehot, 1)
+    tl.store(pair_pos_ptr + s, pos, mask=s < S)
+    tl.store(sorted_pair_ptr + pos, s, mask=s < S)
 
 
 @triton.jit
 def _gate_up_kernel(
     x_ptr, w_ptr, gu_ptr, h_ptr, sorted_pair_ptr, counts_ptr,
     E, D, F, stride_xt, stride_we, stride_wd, stride_wf,
-    TOP_K: tl.constexpr, E_POW2: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    TOP_K: tl.constexpr, E_POW2: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, WIDE: tl.constexpr,
+    GROUP_M: tl.constexpr, NUM_XCDS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """gu[r] = x[token(r)] @ W_gu[e] for the rows r of expert e, and h[r] = silu(gate) * up.
     gu is (S, 2F), h (S, F)."""
-    pid_n = tl.program_id(1)  # M tiles on axis 0: it has no 65535 limit, and neighbours share W columns
-    expert, rows, row_ok = _tile_rows(tl.program_id(0), counts_ptr, E, BLOCK_M, E_POW2)
+    expert, rows, row_ok, pid_n = _row_tile(counts_ptr, E, F, BLOCK_M, BLOCK_N, E_POW2, GROUP_M, NUM_XCDS)
     if expert >= E:
         return
     token = tl.load(sorted_pair_ptr + rows, mask=row_ok, other=0) // TOP_K
@@ -140,7 +221,7 @@ def _gate_up_kernel(
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < D
         a = tl.load(
-            x_ptr + token.to(tl.int64)[:, None] * stride_xt + ks[None, :],
+            x_ptr + _idx(token, WIDE)[:, None] * stride_xt + ks[None, :],
             mask=row_ok[:, None] & k_ok[None, :], other=0.0,
         )  # fmt: skip
         w_ptrs = w_base + ks[:, None] * stride_wd + cols[None, :] * stride_wf
@@ -151,25 +232,25 @@ def _gate_up_kernel(
     out_dtype = gu_ptr.dtype.element_ty
     gate = _cast(acc_gate, out_dtype, UPCAST)
     up = _cast(acc_up, out_dtype, UPCAST)
-    gu_ptrs = gu_ptr + rows.to(tl.int64)[:, None] * (2 * F) + cols[None, :]
+    gu_ptrs = gu_ptr + _idx(rows, WIDE)[:, None] * (2 * F) + cols[None, :]
     tl.store(gu_ptrs, gate, mask=out_ok)
     tl.store(gu_ptrs + F, up, mask=out_ok)
     # h from the rounded gate/up: exactly what the backward recomputes from the saved gu
     gate32 = gate.to(tl.float32)
     h = gate32 * tl.sigmoid(gate32) * up.to(tl.float32)
-    tl.store(h_ptr + rows.to(tl.int64)[:, None] * F + cols[None, :], _cast(h, out_dtype, UPCAST), mask=out_ok)
+    tl.store(h_ptr + _idx(rows, WIDE)[:, None] * F + cols[None, :], _cast(h, out_dtype, UPCAST), mask=out_ok)
 
 
 @triton.jit
 def _grouped_gemm_kernel(
     a_ptr, b_ptr, c_ptr, counts_ptr, E, R, N,
     stride_am, stride_be, stride_br, stride_bn, stride_cm,
-    E_POW2: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    E_POW2: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, WIDE: tl.constexpr,
+    GROUP_M: tl.constexpr, NUM_XCDS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """c[r] = a[r] @ B[e] (R x N, any strides) for the expert-sorted rows r of expert e."""
-    pid_n = tl.program_id(1)  # M tiles on axis 0: it has no 65535 limit, and neighbours share W columns
-    expert, rows, row_ok = _tile_rows(tl.program_id(0), counts_ptr, E, BLOCK_M, E_POW2)
+    expert, rows, row_ok, pid_n = _row_tile(counts_ptr, E, N, BLOCK_M, BLOCK_N, E_POW2, GROUP_M, NUM_XCDS)
     if expert >= E:
         return
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -177,26 +258,27 @@ def _grouped_gemm_kernel(
     b_base = b_ptr + expert.to(tl.int64) * stride_be
     acc = _rows_matmul(
         a_ptr, rows, stride_am, row_ok, b_base, stride_br, stride_bn, cols, col_ok, R,
-        UPCAST, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
+        UPCAST, PRECISION, WIDE, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
+    c_ptrs = c_ptr + _idx(rows, WIDE)[:, None] * stride_cm + cols[None, :]
     tl.store(c_ptrs, _cast(acc, c_ptr.dtype.element_ty, UPCAST), mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
 def _down_bwd_kernel(
-    dy_ptr, w_ptr, gu_ptr, route_w_ptr, dgu_ptr, dw_part_ptr, sorted_pair_ptr, counts_ptr,
+    dy_ptr, w_ptr, gu_ptr, route_w_ptr, dgu_ptr, hw_ptr, dw_part_ptr, sorted_pair_ptr, counts_ptr,
     E, D, F, stride_dyt, stride_we, stride_wf, stride_wd, num_n_tiles,
-    TOP_K: tl.constexpr, E_POW2: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    TOP_K: tl.constexpr, E_POW2: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, WIDE: tl.constexpr,
+    GROUP_M: tl.constexpr, NUM_XCDS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """g = dy[token(r)] @ W_down[e]^T for the F columns of this tile, then in the epilogue:
     d(routing weight)[pair] partial = sum_f g * h (one partial per F tile, summed by the caller),
-    dh = w * g, and the SwiGLU backward into dgu (S, 2F):
+    hw = w * h (hw_ptr, (S, F): the A operand of dW_down, so that kernel neither recomputes the SwiGLU nor
+    scales its B rows), dh = w * g, and the SwiGLU backward into dgu (S, 2F):
     d gate = dh * up * silu'(gate), d up = dh * silu(gate).
     """
-    pid_n = tl.program_id(1)  # M tiles on axis 0: it has no 65535 limit, and neighbours share W columns
-    expert, rows, row_ok = _tile_rows(tl.program_id(0), counts_ptr, E, BLOCK_M, E_POW2)
+    expert, rows, row_ok, pid_n = _row_tile(counts_ptr, E, F, BLOCK_M, BLOCK_N, E_POW2, GROUP_M, NUM_XCDS)
     if expert >= E:
         return
     pair = tl.load(sorted_pair_ptr + rows, mask=row_ok, other=0)
@@ -206,35 +288,39 @@ def _down_bwd_kernel(
     w_base = w_ptr + expert.to(tl.int64) * stride_we
     acc = _rows_matmul(  # W_down[e]^T by strides: element (d, f) of the (D, F) view
         dy_ptr, token, stride_dyt, row_ok, w_base, stride_wd, stride_wf, cols, col_ok, D,
-        UPCAST, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
+        UPCAST, PRECISION, WIDE, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
     ok = row_ok[:, None] & col_ok[None, :]
-    gu_ptrs = gu_ptr + rows.to(tl.int64)[:, None] * (2 * F) + cols[None, :]
-    gate = tl.load(gu_ptrs, mask=ok, other=0.0).to(tl.float32)
-    up = tl.load(gu_ptrs + F, mask=ok, other=0.0).to(tl.float32)
+    out_dtype = dgu_ptr.dtype.element_ty
+    route_w = tl.load(route_w_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
+    # The epilogue is ordered so that at most four (BLOCK_M, BLOCK_N) fp32 tiles are live next to the
+    # addresses (acc, silu, dsilu, up), and one offset tensor serves gu and dgu: the static report
+    # (zaya kernels) showed the straightforward order spilling on every target.
+    offs = _idx(rows, WIDE)[:, None] * (2 * F) + cols[None, :]
+    gate = tl.load(gu_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     sig = tl.sigmoid(gate)
     silu = gate * sig
-    tl.store(dw_part_ptr + pair.to(tl.int64) * num_n_tiles + pid_n, tl.sum(acc * silu * up, 1), mask=row_ok)
-    route_w = tl.load(route_w_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
+    dsilu = sig + silu * (1.0 - sig)  # d silu / d gate
     dh = acc * route_w[:, None]
-    d_gate = dh * up * sig * (1.0 + gate * (1.0 - sig))
-    out_dtype = dgu_ptr.dtype.element_ty
-    dgu_ptrs = dgu_ptr + rows.to(tl.int64)[:, None] * (2 * F) + cols[None, :]
-    tl.store(dgu_ptrs, _cast(d_gate, out_dtype, UPCAST), mask=ok)
-    tl.store(dgu_ptrs + F, _cast(dh * silu, out_dtype, UPCAST), mask=ok)
+    tl.store(dgu_ptr + offs + F, _cast(dh * silu, out_dtype, UPCAST), mask=ok)
+    up = tl.load(gu_ptr + offs + F, mask=ok, other=0.0).to(tl.float32)
+    tl.store(dgu_ptr + offs, _cast(dh * up * dsilu, out_dtype, UPCAST), mask=ok)
+    h = silu * up
+    tl.store(dw_part_ptr + _idx(pair, WIDE) * num_n_tiles + pid_n, tl.sum(acc * h, 1), mask=row_ok)
+    h_offs = _idx(rows, WIDE)[:, None] * F + cols[None, :]
+    tl.store(hw_ptr + h_offs, _cast(h * route_w[:, None], out_dtype, UPCAST), mask=ok)
 
 
 @triton.jit
 def _grouped_dw_kernel(
-    a_ptr, b_ptr, dw_ptr, sorted_pair_ptr, route_w_ptr, offsets_ptr, M, N, F_SWIGLU,
+    a_ptr, b_ptr, dw_ptr, sorted_pair_ptr, offsets_ptr, M, N,
     stride_a, stride_b, stride_we, stride_wm,
-    TOP_K: tl.constexpr, A_GATHER: tl.constexpr, A_SWIGLU: tl.constexpr, B_GATHER: tl.constexpr,
-    B_SCALE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    TOP_K: tl.constexpr, A_GATHER: tl.constexpr, B_GATHER: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, WIDE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """dW[e] (M x N) = A_e^T @ B_e over expert e's rows. A row r is a[token(r)] (A_GATHER) or a[r], or
-    silu(gate) * up recomputed from gu[r] (A_SWIGLU, M = F); B row r is b[token(r)] (B_GATHER) or b[r],
-    times the routing weight (B_SCALE). An expert with no rows gets zeros."""
+    """dW[e] (M x N) = A_e^T @ B_e over expert e's rows. A row r is a[token(r)] (A_GATHER) or a[r]; B row r
+    is b[token(r)] (B_GATHER) or b[r]. An expert with no rows gets zeros."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     expert = tl.program_id(2)
@@ -248,27 +334,21 @@ def _grouped_dw_kernel(
     for r0 in range(row_begin, row_end, BLOCK_K):
         rows = r0 + tl.arange(0, BLOCK_K)
         r_ok = rows < row_end
-        pair = tl.load(sorted_pair_ptr + rows, mask=r_ok, other=0)
         a_rows = rows
-        if A_GATHER:
-            a_rows = pair // TOP_K
         b_rows = rows
-        if B_GATHER:
-            b_rows = pair // TOP_K
-        a_ok = m_ok[:, None] & r_ok[None, :]
-        a_ptrs = a_ptr + a_rows.to(tl.int64)[None, :] * stride_a + ms[:, None]  # (BLOCK_M, BLOCK_K) = A^T
-        a = tl.load(a_ptrs, mask=a_ok, other=0.0)
-        if A_SWIGLU:
-            gate = a.to(tl.float32)
-            up = tl.load(a_ptrs + F_SWIGLU, mask=a_ok, other=0.0).to(tl.float32)
-            a = _cast(gate * tl.sigmoid(gate) * up, a_ptr.dtype.element_ty, UPCAST)
+        if A_GATHER or B_GATHER:
+            token = tl.load(sorted_pair_ptr + rows, mask=r_ok, other=0) // TOP_K
+            if A_GATHER:
+                a_rows = token
+            if B_GATHER:
+                b_rows = token
+        a = tl.load(  # (BLOCK_M, BLOCK_K) = A^T
+            a_ptr + _idx(a_rows, WIDE)[None, :] * stride_a + ms[:, None], mask=m_ok[:, None] & r_ok[None, :], other=0.0
+        )  # fmt: skip
         b = tl.load(
-            b_ptr + b_rows.to(tl.int64)[:, None] * stride_b + ns[None, :],
+            b_ptr + _idx(b_rows, WIDE)[:, None] * stride_b + ns[None, :],
             mask=r_ok[:, None] & n_ok[None, :], other=0.0,
         )  # fmt: skip
-        if B_SCALE:
-            route_w = tl.load(route_w_ptr + pair, mask=r_ok, other=0.0).to(tl.float32)
-            b = _cast(b.to(tl.float32) * route_w[:, None], b_ptr.dtype.element_ty, UPCAST)
         acc = _dot(a, b, acc, UPCAST, PRECISION)
     dw_ptrs = dw_ptr + expert.to(tl.int64) * stride_we + ms[:, None] * stride_wm + ns[None, :]
     tl.store(dw_ptrs, _cast(acc, dw_ptr.dtype.element_ty, UPCAST), mask=m_ok[:, None] & n_ok[None, :])
@@ -277,7 +357,7 @@ def _grouped_dw_kernel(
 @triton.jit
 def _combine_kernel(
     rows_ptr, pair_pos_ptr, route_w_ptr, out_ptr, T, D,
-    TOP_K: tl.constexpr, HAS_WEIGHTS: tl.constexpr, UPCAST: tl.constexpr,
+    TOP_K: tl.constexpr, HAS_WEIGHTS: tl.constexpr, UPCAST: tl.constexpr, WIDE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """out[t] = sum_k w[t, k] * rows[pos(t, k)] (w = 1 without HAS_WEIGHTS), in fp32, in a fixed order."""
@@ -289,21 +369,21 @@ def _combine_kernel(
     for k in tl.static_range(TOP_K):
         pair = ts * TOP_K + k
         pos = tl.load(pair_pos_ptr + pair, mask=t_ok, other=0)
-        row = tl.load(rows_ptr + pos.to(tl.int64)[:, None] * D + ds[None, :], mask=ok, other=0.0)
+        row = tl.load(rows_ptr + _idx(pos, WIDE)[:, None] * D + ds[None, :], mask=ok, other=0.0)
         if HAS_WEIGHTS:
             route_w = tl.load(route_w_ptr + pair, mask=t_ok, other=0.0).to(tl.float32)
             row = row.to(tl.float32) * route_w[:, None]
         acc += row.to(tl.float32)
     out = _cast(acc, out_ptr.dtype.element_ty, UPCAST)
-    tl.store(out_ptr + ts.to(tl.int64)[:, None] * D + ds[None, :], out, mask=ok)
+    tl.store(out_ptr + _idx(ts, WIDE)[:, None] * D + ds[None, :], out, mask=ok)
 
 
 _GEMM_KEY = ["N", "R"]
-gate_up_kernel = triton.autotune(configs=gemm_configs(fused_pair=True), key=["D", "F"])(_gate_up_kernel)
-grouped_gemm_kernel = triton.autotune(configs=gemm_configs(), key=_GEMM_KEY)(_grouped_gemm_kernel)
+gate_up_kernel = triton.autotune(configs=kernel_configs("gate_up"), key=["D", "F"])(_gate_up_kernel)
+grouped_gemm_kernel = triton.autotune(configs=kernel_configs("grouped_gemm"), key=_GEMM_KEY)(_grouped_gemm_kernel)
 down_bwd_kernel = triton.autotune(  # partials of a config with a smaller BLOCK_N must not linger
-    configs=gemm_configs(), key=["D", "F"], reset_to_zero=["dw_part_ptr"]
+    configs=kernel_configs("down_bwd"), key=["D", "F"], reset_to_zero=["dw_part_ptr"]
 )(_down_bwd_kernel)
-grouped_dw_kernel = triton.autotune(configs=dw_configs(), key=["M", "N"])(_grouped_dw_kernel)
+grouped_dw_kernel = triton.autotune(configs=kernel_configs("grouped_dw"), key=["M", "N"])(_grouped_dw_kernel)
 combine_kernel = _combine_kernel
 COMBINE_CONFIG = combine_config()

@@ -31,6 +31,7 @@ if not torch.cuda.is_available() and not _TRITON_IMPORTED_FIRST:
 import triton  # noqa: E402
 
 from zaya_pipeline.kernels import expert_mlp as kernels  # noqa: E402
+from zaya_pipeline.kernels import configs  # noqa: E402
 from zaya_pipeline.kernels.configs import interpreting  # noqa: E402
 
 
@@ -45,32 +46,47 @@ def _flags(dtype: torch.dtype) -> dict:
     }
 
 
+def _wide(S: int, T: int, D: int, F: int, E: int) -> bool:
+    """Whether a tensor of the op has 2^31 elements or more, so the kernels need 64-bit row offsets."""
+    return max(S * max(2 * F, D), T * D, E * D * 2 * F) >= 2**31
+
+
 def permute(topk_ids_TK: torch.Tensor, num_experts: int):
     """Expert-sorted routing maps, on device with no host sync:
     (counts_E, offsets_E1, sorted_pair_S, pair_pos_S), all int32. Row p of the sorted order is pair
-    ``sorted_pair_S[p]`` = token * K + slot; ``pair_pos_S`` is the inverse. Stable: ties keep pair order."""
+    ``sorted_pair_S[p]`` = token * K + slot; ``pair_pos_S`` is the inverse. Stable: ties keep pair order.
+    Three launches: per-block histograms and places run one program per block of rows; one program scans
+    the (blocks x experts) counts between them."""
     ids_S = topk_ids_TK.reshape(-1).contiguous()
     S = ids_S.numel()
     device = ids_S.device
+    e_pow2 = triton.next_power_of_2(num_experts)
+    block_s = min(configs.permute_block(e_pow2), max(16, triton.next_power_of_2(max(S, 1))))
+    num_blocks = max(1, triton.cdiv(S, block_s))
     counts_E = torch.empty(num_experts, dtype=torch.int32, device=device)
     offsets_E1 = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
     sorted_pair_S = torch.empty(S, dtype=torch.int32, device=device)
     pair_pos_S = torch.empty(S, dtype=torch.int32, device=device)
-    e_pow2 = triton.next_power_of_2(num_experts)
-    budget = 1 << 18 if interpreting() else 1 << 14  # one-hot elements per block: registers on a GPU
-    block_s = max(16, min(triton.next_power_of_2(max(S, 1)), budget // e_pow2))
-    kernels.align_kernel[(1,)](
-        ids_S, counts_E, offsets_E1, sorted_pair_S, pair_pos_S, S, num_experts, BLOCK_S=block_s, E_POW2=e_pow2
-    )
+    block_counts = torch.empty(num_blocks, e_pow2, dtype=torch.int32, device=device)
+    block_base = torch.empty_like(block_counts)
+    blocks = {"BLOCK_S": block_s, "E_POW2": e_pow2}
+    kernels.count_kernel[(num_blocks,)](ids_S, block_counts, S, **blocks)
+    kernels.scan_kernel[(1,)](
+        block_counts, block_base, counts_E, offsets_E1, num_blocks, num_experts,
+        BLOCK_B=max(1, min(triton.next_power_of_2(num_blocks), 4096 // e_pow2)), E_POW2=e_pow2,
+    )  # fmt: skip
+    kernels.place_kernel[(num_blocks,)](
+        ids_S, block_base, offsets_E1, sorted_pair_S, pair_pos_S, S, num_experts, **blocks
+    )  # fmt: skip
     return counts_E, offsets_E1, sorted_pair_S, pair_pos_S
 
 
 def _row_grid(S: int, E: int, N: int):
-    # Σ_e ceil(c_e / BM) <= S / BM + E: spare tiles exit at once
-    return lambda meta: (triton.cdiv(S, meta["BLOCK_M"]) + E, triton.cdiv(N, meta["BLOCK_N"]))
+    # 1D: (M tiles) x (N tiles); Σ_e ceil(c_e / BM) <= S / BM + E M tiles, and the spare ones exit at once
+    return lambda meta: ((triton.cdiv(S, meta["BLOCK_M"]) + E) * triton.cdiv(N, meta["BLOCK_N"]),)
 
 
-def _combine(rows_SD, pair_pos_S, route_w_S, T: int, top_k: int, out_dtype) -> torch.Tensor:
+def _combine(rows_SD, pair_pos_S, route_w_S, T: int, top_k: int, out_dtype, wide: bool) -> torch.Tensor:
     D = rows_SD.shape[1]
     out_TD = torch.empty(T, D, dtype=out_dtype, device=rows_SD.device)
     cfg = kernels.COMBINE_CONFIG
@@ -78,7 +94,7 @@ def _combine(rows_SD, pair_pos_S, route_w_S, T: int, top_k: int, out_dtype) -> t
     weights = route_w_S if route_w_S is not None else pair_pos_S  # unused pointer without HAS_WEIGHTS
     kernels.combine_kernel[grid](
         rows_SD, pair_pos_S, weights, out_TD, T, D, TOP_K=top_k, HAS_WEIGHTS=route_w_S is not None,
-        UPCAST=_flags(out_dtype)["UPCAST"], **cfg,
+        UPCAST=_flags(out_dtype)["UPCAST"], WIDE=wide, **cfg,
     )  # fmt: skip
     return out_TD
 
@@ -91,12 +107,12 @@ def _grouped_gemm(a_SR, w_ERN_view, counts_E, flags) -> torch.Tensor:
     kernels.grouped_gemm_kernel[_row_grid(S, E, N)](
         a_SR, w_ERN_view, c_SN, counts_E, E, R, N,
         a_SR.stride(0), *w_ERN_view.stride(), c_SN.stride(0),
-        E_POW2=triton.next_power_of_2(E), **flags,
+        E_POW2=triton.next_power_of_2(E), **flags, **configs.tile_order(),
     )  # fmt: skip
     return c_SN
 
 
-def _grouped_dw(a, b, routing, M, N, E, top_k, *, a_gather, a_swiglu, b_gather, route_w_S, dtype, flags):
+def _grouped_dw(a, b, routing, M, N, E, top_k, *, a_gather, b_gather, dtype, flags):
     _, offsets_E1, sorted_pair_S, _ = routing
     dw_EMN = torch.empty(E, M, N, dtype=dtype, device=a.device)
 
@@ -104,10 +120,8 @@ def _grouped_dw(a, b, routing, M, N, E, top_k, *, a_gather, a_swiglu, b_gather, 
         return (triton.cdiv(N, meta["BLOCK_N"]), triton.cdiv(M, meta["BLOCK_M"]), E)
 
     kernels.grouped_dw_kernel[grid](
-        a, b, dw_EMN, sorted_pair_S, route_w_S if route_w_S is not None else b, offsets_E1, M, N, M,
-        a.stride(0), b.stride(0), dw_EMN.stride(0), dw_EMN.stride(1),
-        TOP_K=top_k, A_GATHER=a_gather, A_SWIGLU=a_swiglu, B_GATHER=b_gather, B_SCALE=route_w_S is not None,
-        **flags,
+        a, b, dw_EMN, sorted_pair_S, offsets_E1, M, N, a.stride(0), b.stride(0), dw_EMN.stride(0), dw_EMN.stride(1),
+        TOP_K=top_k, A_GATHER=a_gather, B_GATHER=b_gather, **flags,
     )  # fmt: skip
     return dw_EMN
 
@@ -120,7 +134,7 @@ class _ExpertMLP(torch.autograd.Function):
         F = F2 // 2
         top_k = topk_ids_TK.shape[1]
         S = T * top_k
-        flags = _flags(x_TD.dtype)
+        flags = _flags(x_TD.dtype) | {"WIDE": _wide(S, T, D, F, E)}
         x_TD = x_TD.contiguous()
         route_w_S = topk_weights_TK.reshape(-1).contiguous()
         routing = permute(topk_ids_TK, E)
@@ -130,11 +144,11 @@ class _ExpertMLP(torch.autograd.Function):
         kernels.gate_up_kernel[_row_grid(S, E, F)](
             x_TD, w_gate_up_EDF2, gu_S2F, h_SF, sorted_pair_S, counts_E, E, D, F,
             x_TD.stride(0), *w_gate_up_EDF2.stride(),
-            TOP_K=top_k, E_POW2=triton.next_power_of_2(E), **flags,
+            TOP_K=top_k, E_POW2=triton.next_power_of_2(E), **flags, **configs.tile_order(),
         )  # fmt: skip
         o_SD = _grouped_gemm(h_SF, w_down_EFD, counts_E, flags)
         del h_SF
-        y_TD = _combine(o_SD, pair_pos_S, route_w_S, T, top_k, x_TD.dtype)
+        y_TD = _combine(o_SD, pair_pos_S, route_w_S, T, top_k, x_TD.dtype, flags["WIDE"])
         ctx.save_for_backward(x_TD, route_w_S, w_gate_up_EDF2, w_down_EFD, gu_S2F, *routing)
         ctx.shape = (T, D, E, F, top_k)
         ctx.weights_shape = topk_weights_TK.shape
@@ -146,7 +160,7 @@ class _ExpertMLP(torch.autograd.Function):
         counts_E, _, sorted_pair_S, pair_pos_S = routing
         T, D, E, F, top_k = ctx.shape
         S = T * top_k
-        flags = _flags(x_TD.dtype)
+        flags = _flags(x_TD.dtype) | {"WIDE": _wide(S, T, D, F, E)}
         dy_TD = dy_TD.contiguous()
         e_pow2 = triton.next_power_of_2(E)
 
@@ -155,24 +169,24 @@ class _ExpertMLP(torch.autograd.Function):
         n_part = triton.cdiv(F, min_block_n)
         dw_part_SP = torch.zeros(S, n_part, dtype=torch.float32, device=x_TD.device)
         dgu_S2F = torch.empty_like(gu_S2F)
+        hw_SF = torch.empty(S, F, dtype=gu_S2F.dtype, device=gu_S2F.device)  # w * h: dW_down's A operand
         kernels.down_bwd_kernel[_row_grid(S, E, F)](
-            dy_TD, w_down_EFD, gu_S2F, route_w_S, dgu_S2F, dw_part_SP, sorted_pair_S, counts_E,
+            dy_TD, w_down_EFD, gu_S2F, route_w_S, dgu_S2F, hw_SF, dw_part_SP, sorted_pair_S, counts_E,
             E, D, F, dy_TD.stride(0), *w_down_EFD.stride(), n_part,
-            TOP_K=top_k, E_POW2=e_pow2, **flags,
+            TOP_K=top_k, E_POW2=e_pow2, **flags, **configs.tile_order(),
         )  # fmt: skip
         d_route_w = dw_part_SP.sum(1).to(route_w_S.dtype).view(ctx.weights_shape)
 
         common = {"E": E, "top_k": top_k, "routing": routing, "flags": flags}
         dw_down = _grouped_dw(
-            gu_S2F, dy_TD, M=F, N=D, a_gather=False, a_swiglu=True, b_gather=True, route_w_S=route_w_S,
-            dtype=w_down_EFD.dtype, **common,
+            hw_SF, dy_TD, M=F, N=D, a_gather=False, b_gather=True, dtype=w_down_EFD.dtype, **common
         )  # fmt: skip
+        del hw_SF
         dw_gate_up = _grouped_dw(
-            x_TD, dgu_S2F, M=D, N=2 * F, a_gather=True, a_swiglu=False, b_gather=False, route_w_S=None,
-            dtype=w_gate_up_EDF2.dtype, **common,
+            x_TD, dgu_S2F, M=D, N=2 * F, a_gather=True, b_gather=False, dtype=w_gate_up_EDF2.dtype, **common
         )  # fmt: skip
         dx_SD = _grouped_gemm(dgu_S2F, w_gate_up_EDF2.transpose(1, 2), counts_E, flags)
-        dx_TD = _combine(dx_SD, pair_pos_S, None, T, top_k, x_TD.dtype)
+        dx_TD = _combine(dx_SD, pair_pos_S, None, T, top_k, x_TD.dtype, flags["WIDE"])
         return dx_TD, None, d_route_w, dw_gate_up, dw_down
 
 
