@@ -66,7 +66,9 @@ def _usage() -> str:
     lines += [f"  {'params':<10} {PARAMS_HELP} (--out FILE, default params.yaml)"]
     lines += [f"  {'generate':<10} generate with a registered model: --model models:/<name>@champion PROMPT"]
     lines += [f"  {'export':<10} a Hugging Face model folder: --model models:/<name>@champion --out DIR"]
-    lines += [f"  {'kernels':<10} static report: every expert kernel x config compiled for MI300X..A100 (--help)"]
+    lines += [
+        f"  {'kernels':<10} static report: every expert kernel x config compiled for MI300X..A100 (--help)"
+    ]
     lines += [
         "",
         "Without --params the config is composed from conf/ (Hydra): pick group members with group=member",
@@ -201,7 +203,7 @@ def _kernels_command(argv: list[str]) -> None:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("error: zaya kernels compiles for GPU targets; unset TRITON_INTERPRET", file=sys.stderr)
         sys.exit(2)
-    from zaya_pipeline.kernels.aot import main as report
+    from zaya_pipeline.kernel_report import main as report
 
     sys.exit(report(argv))
 

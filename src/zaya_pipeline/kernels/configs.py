@@ -131,7 +131,9 @@ def rocm_arch() -> str:
 
     if interpreting() or torch.version.hip is None:
         return ""
-    return getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "gcnArchName", "").split(":")[0]
+    return getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "gcnArchName", "").split(
+        ":"
+    )[0]
 
 
 def xcd_count() -> int:
@@ -143,7 +145,11 @@ def xcd_count() -> int:
     if rocm_arch() in ("gfx942", "gfx950"):
         import torch
 
-        return 6 if torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count == 228 else 8
+        return (
+            6
+            if torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count == 228
+            else 8
+        )
     return 1
 
 

@@ -191,7 +191,9 @@ def place_kernel(
     s = b * BLOCK_S + tl.arange(0, BLOCK_S)
     ids = tl.load(ids_ptr + s, mask=s < S, other=-1).to(tl.int32)
     onehot = (ids[:, None] == e_idx[None, :]).to(tl.int32)
-    base = tl.load(block_base_ptr + b * E_POW2 + e_idx) + tl.load(offsets_ptr + e_idx, mask=e_idx < E, other=0)
+    base = tl.load(block_base_ptr + b * E_POW2 + e_idx) + tl.load(
+        offsets_ptr + e_idx, mask=e_idx < E, other=0
+    )
     rank = tl.cumsum(onehot, 0) - onehot + base[None, :]
     pos = tl.sum(rank * onehot, 1)
     tl.store(pair_pos_ptr + s, pos, mask=s < S)
@@ -202,7 +204,8 @@ def place_kernel(
 def _gate_up_kernel(
     x_ptr, w_ptr, gu_ptr, h_ptr, sorted_pair_ptr, counts_ptr,
     E, D, F, stride_xt, stride_we, stride_wd, stride_wf,
-    TOP_K: tl.constexpr, E_POW2: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, WIDE: tl.constexpr,
+    TOP_K: tl.constexpr, E_POW2: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, WIDE: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_XCDS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
@@ -268,7 +271,8 @@ def _grouped_gemm_kernel(
 def _down_bwd_kernel(
     dy_ptr, w_ptr, gu_ptr, route_w_ptr, dgu_ptr, hw_ptr, dw_part_ptr, sorted_pair_ptr, counts_ptr,
     E, D, F, stride_dyt, stride_we, stride_wf, stride_wd, num_n_tiles,
-    TOP_K: tl.constexpr, E_POW2: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, WIDE: tl.constexpr,
+    TOP_K: tl.constexpr, E_POW2: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, WIDE: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_XCDS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
@@ -343,7 +347,8 @@ def _grouped_dw_kernel(
             if B_GATHER:
                 b_rows = token
         a = tl.load(  # (BLOCK_M, BLOCK_K) = A^T
-            a_ptr + _idx(a_rows, WIDE)[None, :] * stride_a + ms[:, None], mask=m_ok[:, None] & r_ok[None, :], other=0.0
+            a_ptr + _idx(a_rows, WIDE)[None, :] * stride_a + ms[:, None],
+            mask=m_ok[:, None] & r_ok[None, :], other=0.0,
         )  # fmt: skip
         b = tl.load(
             b_ptr + _idx(b_rows, WIDE)[:, None] * stride_b + ns[None, :],
@@ -380,7 +385,9 @@ def _combine_kernel(
 
 _GEMM_KEY = ["N", "R"]
 gate_up_kernel = triton.autotune(configs=kernel_configs("gate_up"), key=["D", "F"])(_gate_up_kernel)
-grouped_gemm_kernel = triton.autotune(configs=kernel_configs("grouped_gemm"), key=_GEMM_KEY)(_grouped_gemm_kernel)
+grouped_gemm_kernel = triton.autotune(configs=kernel_configs("grouped_gemm"), key=_GEMM_KEY)(
+    _grouped_gemm_kernel
+)
 down_bwd_kernel = triton.autotune(  # partials of a config with a smaller BLOCK_N must not linger
     configs=kernel_configs("down_bwd"), key=["D", "F"], reset_to_zero=["dw_part_ptr"]
 )(_down_bwd_kernel)

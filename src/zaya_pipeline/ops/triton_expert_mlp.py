@@ -30,8 +30,8 @@ if not torch.cuda.is_available() and not _TRITON_IMPORTED_FIRST:
 
 import triton  # noqa: E402
 
-from zaya_pipeline.kernels import expert_mlp as kernels  # noqa: E402
 from zaya_pipeline.kernels import configs  # noqa: E402
+from zaya_pipeline.kernels import expert_mlp as kernels  # noqa: E402
 from zaya_pipeline.kernels.configs import interpreting  # noqa: E402
 
 
@@ -120,7 +120,8 @@ def _grouped_dw(a, b, routing, M, N, E, top_k, *, a_gather, b_gather, dtype, fla
         return (triton.cdiv(N, meta["BLOCK_N"]), triton.cdiv(M, meta["BLOCK_M"]), E)
 
     kernels.grouped_dw_kernel[grid](
-        a, b, dw_EMN, sorted_pair_S, offsets_E1, M, N, a.stride(0), b.stride(0), dw_EMN.stride(0), dw_EMN.stride(1),
+        a, b, dw_EMN, sorted_pair_S, offsets_E1, M, N,
+        a.stride(0), b.stride(0), dw_EMN.stride(0), dw_EMN.stride(1),
         TOP_K=top_k, A_GATHER=a_gather, B_GATHER=b_gather, **flags,
     )  # fmt: skip
     return dw_EMN

@@ -34,8 +34,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-if os.environ.get("TRITON_INTERPRET") == "1":  # jit functions would be interpreter objects: nothing to compile
-    raise ImportError("zaya_pipeline.kernels.aot compiles for GPU targets: unset TRITON_INTERPRET first")
+if (
+    os.environ.get("TRITON_INTERPRET") == "1"
+):  # jit functions would be interpreter objects: nothing to compile
+    raise ImportError("zaya_pipeline.kernel_report compiles for GPU targets: unset TRITON_INTERPRET first")
 
 import torch  # noqa: E402
 import triton  # noqa: E402  (imported before ops.triton_expert_mlp, so that it stays off the interpreter)
@@ -122,7 +124,9 @@ class Variant:
         if self.spill_bytes or self.spilled_regs:
             found.append(f"spills ({self.spill_bytes} B, {self.spilled_regs} registers)")
         if self.shared_bytes > self.shared_limit:
-            found.append(f"needs {self.shared_bytes} B of LDS/shared memory, over the {self.shared_limit} B limit")
+            found.append(
+                f"needs {self.shared_bytes} B of LDS/shared memory, over the {self.shared_limit} B limit"
+            )
         if self.kernel in GEMM_KERNELS and not self.matrix_instr:
             found.append("uses no matrix instructions")
         return found
@@ -142,13 +146,15 @@ class _Recorder:
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             fn = self.kernel.fn if self.autotuned else self.kernel
-            self.log.append(Launch(self.name, _role(self.name, fn, args, kwargs), fn, args, kwargs, self.autotuned))
+            self.log.append(
+                Launch(self.name, _role(self.name, fn, args, kwargs), fn, args, kwargs, self.autotuned)
+            )
 
         return launch
 
 
 def _role(name: str, fn: Any, args: tuple, kwargs: dict) -> str:
-    bound = dict(zip(fn.arg_names, args)) | kwargs
+    bound = dict(zip(fn.arg_names, args, strict=False)) | kwargs
     if name == "grouped_gemm":
         return "down forward" if bound["stride_bn"] == 1 else "dX (W_gate|up^T view)"
     if name == "grouped_dw":
@@ -169,7 +175,9 @@ def kernel_names() -> list[str]:
     return sorted(
         n.removesuffix("_kernel")
         for n, obj in vars(kernels).items()
-        if n.endswith("_kernel") and not n.startswith("_") and isinstance(obj, (triton.JITFunction, triton.runtime.Autotuner))
+        if n.endswith("_kernel")
+        and not n.startswith("_")
+        and isinstance(obj, (triton.JITFunction, triton.runtime.Autotuner))
     )
 
 
@@ -180,7 +188,13 @@ def model_shape(model: str, tokens: int) -> dict[str, int]:
     from zaya_pipeline.config import config_dir
 
     cfg = OmegaConf.load(config_dir() / "model" / f"{model}.yaml")
-    return {"T": tokens, "D": cfg.d_model, "F": cfg.moe.expert_hidden, "E": cfg.moe.num_experts, "K": cfg.moe.top_k}
+    return {
+        "T": tokens,
+        "D": cfg.d_model,
+        "F": cfg.moe.expert_hidden,
+        "E": cfg.moe.num_experts,
+        "K": cfg.moe.top_k,
+    }
 
 
 def capture_launches(T: int, D: int, F: int, E: int, K: int, dtype=torch.bfloat16) -> list[Launch]:
@@ -251,7 +265,9 @@ def _target_kwargs(launch: Launch, config: triton.Config | None, target: Target)
 
 def compile_variant(launch: Launch, config: triton.Config | None, target: Target) -> Variant:
     """Compile ``launch`` with ``config`` for ``target``; errors are recorded in the variant, not raised."""
-    v = Variant(launch.kernel, launch.role, config_label(config), target.name, shared_limit=target.shared_limit)
+    v = Variant(
+        launch.kernel, launch.role, config_label(config), target.name, shared_limit=target.shared_limit
+    )
     gpu = target.gpu_target()
     backend = make_backend(gpu)
     kwargs = _target_kwargs(launch, config, target)
@@ -261,10 +277,14 @@ def compile_variant(launch: Launch, config: triton.Config | None, target: Target
     try:
         binder = create_function_from_signature(launch.fn.signature, launch.fn.params, backend)
         bound, specialization, options = binder(*launch.args, **kwargs)
-        options, signature, constexprs, attrs = launch.fn._pack_args(backend, kwargs, bound, specialization, options)
+        options, signature, constexprs, attrs = launch.fn._pack_args(
+            backend, kwargs, bound, specialization, options
+        )
         log = io.StringIO()
         with contextlib.redirect_stdout(log):  # ptxas -v prints here (knobs.nvidia.dump_ptxas_log)
-            compiled = triton.compile(ASTSource(launch.fn, signature, constexprs, attrs), target=gpu, options=options.__dict__)
+            compiled = triton.compile(
+                ASTSource(launch.fn, signature, constexprs, attrs), target=gpu, options=options.__dict__
+            )
         v.shared_bytes = int(compiled.metadata.shared)
         asm_key, instr = _MATRIX_INSTR[target.vendor]
         for name in instr.findall(compiled.asm[asm_key]):
@@ -292,7 +312,9 @@ def _compile_job(i: int) -> Variant:
 def _variant_key(launch: Launch, config: triton.Config | None, target: Target) -> tuple:
     """Two launches with the same key compile to the same binary (same specialisation, config and target)."""
     kwargs = _target_kwargs(launch, config, target)
-    binder = create_function_from_signature(launch.fn.signature, launch.fn.params, make_backend(target.gpu_target()))
+    binder = create_function_from_signature(
+        launch.fn.signature, launch.fn.params, make_backend(target.gpu_target())
+    )
     _, specialization, _ = binder(*launch.args, **kwargs)
     return (launch.kernel, launch.role, repr(specialization), repr(sorted(kwargs.items())), target.name)
 
@@ -315,7 +337,9 @@ def build_report(
                 continue
             for target in targets:
                 configs = (
-                    tables.table(tables.KERNEL_TABLE[launch.kernel], target.vendor, target.name) if launch.autotuned else [None]
+                    tables.table(tables.KERNEL_TABLE[launch.kernel], target.vendor, target.name)
+                    if launch.autotuned
+                    else [None]
                 )
                 for config in configs:
                     key = _variant_key(launch, config, target)
@@ -324,7 +348,9 @@ def build_report(
                         _JOBS.append((launch, config, target))
                         owners.append([])
                     owners[unique[key]].append(shape_name)
-    progress(f"compiling {len(_JOBS)} variants for {', '.join(t.name for t in targets)} with {jobs} process(es)")
+    progress(
+        f"compiling {len(_JOBS)} variants for {', '.join(t.name for t in targets)} with {jobs} process(es)"
+    )
     results: list[Variant] = []
     t0 = time.perf_counter()
     if jobs > 1:
@@ -340,16 +366,14 @@ def build_report(
             results.append(_compile_job(i))
             if (i + 1) % 25 == 0:
                 progress(f"  {i + 1}/{len(_JOBS)} compiled ({time.perf_counter() - t0:.0f} s)")
-    for v, shape_names in zip(results, owners):
+    for v, shape_names in zip(results, owners, strict=True):
         v.shapes = sorted(set(shape_names))
     return results
 
 
 def problems(variants: list[Variant]) -> list[str]:
     """One line per violated rule: does not compile, spills, over the LDS / shared limit, GEMM without MMA."""
-    return [
-        f"{v.kernel} ({v.role}) {v.config} on {v.target}: {p}" for v in variants for p in v.problems
-    ]
+    return [f"{v.kernel} ({v.role}) {v.config} on {v.target}: {p}" for v in variants for p in v.problems]
 
 
 def summary_rows(variants: list[Variant], targets: list[Target]) -> list[dict[str, Any]]:
@@ -364,7 +388,9 @@ def summary_rows(variants: list[Variant], targets: list[Target]) -> list[dict[st
                 "failed": sum(not v.ok for v in mine),
                 "spilling": sum(bool(v.spill_bytes or v.spilled_regs) for v in mine),
                 "over_shared": sum(v.shared_bytes > v.shared_limit for v in mine),
-                "gemm_without_mma": sum(v.kernel in GEMM_KERNELS and v.ok and not v.matrix_instr for v in mine),
+                "gemm_without_mma": sum(
+                    v.kernel in GEMM_KERNELS and v.ok and not v.matrix_instr for v in mine
+                ),
                 "max_registers": max((v.registers for v in mine), default=0),
                 "max_shared": max((v.shared_bytes for v in mine), default=0),
                 "shared_limit": t.shared_limit,
@@ -392,7 +418,8 @@ def markdown(variants: list[Variant], targets: list[Target]) -> str:
             "",
             f"**{t.name}** ({t.gpus})",
             "",
-            f"| kernel | role | config | registers | spills (B) | LDS/shared (B) | {occ} | matrix instructions | s |",
+            f"| kernel | role | config | registers | spills (B) | LDS/shared (B) | {occ} "
+            "| matrix instructions | s |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for v in (v for v in variants if v.target == t.name):
@@ -410,20 +437,27 @@ def markdown(variants: list[Variant], targets: list[Target]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="zaya kernels",
-        description="Compile every expert kernel x tuning config x GPU target ahead of time (no GPU needed) and "
+        description="Compile every expert kernel x tuning config x GPU target ahead of time (no GPU needed) "
+        "and "
         "report registers, spills, LDS/shared memory, occupancy and matrix instructions.",
     )
     parser.add_argument(
         "--targets", default=",".join(TARGETS), help=f"comma-separated targets (default: {','.join(TARGETS)})"
     )
     parser.add_argument(
-        "--models", default=",".join(SHAPES), help="comma-separated conf/model configs whose shapes to compile at"
+        "--models",
+        default=",".join(SHAPES),
+        help="comma-separated conf/model configs whose shapes to compile at",
     )
     parser.add_argument("--kernels", default="", help="comma-separated kernels to compile (default: all)")
     parser.add_argument("--out", default="benchmarks/results/kernels_aot.json", help="JSON report to write")
-    parser.add_argument("--markdown", default="benchmarks/results/kernels_aot.md", help="Markdown table to write")
+    parser.add_argument(
+        "--markdown", default="benchmarks/results/kernels_aot.md", help="Markdown table to write"
+    )
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="compile processes")
-    parser.add_argument("--check", action="store_true", help="exit 1 if any variant spills, overflows or lacks MMA")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 if any variant spills, overflows or lacks MMA"
+    )
     args = parser.parse_args(argv)
     try:
         targets = [TARGETS[t] for t in args.targets.split(",")]
@@ -436,7 +470,9 @@ def main(argv: list[str] | None = None) -> int:
         shapes[model] = model_shape(model, SHAPES[model])
     only = set(filter(None, args.kernels.split(",")))
     if only - set(kernel_names()):
-        parser.error(f"--kernels: unknown {sorted(only - set(kernel_names()))}; known: {', '.join(kernel_names())}")
+        parser.error(
+            f"--kernels: unknown {sorted(only - set(kernel_names()))}; known: {', '.join(kernel_names())}"
+        )
     t0 = time.perf_counter()
     variants = build_report(
         shapes, targets, jobs=args.jobs, progress=lambda m: print(m, file=sys.stderr), only=only or None
@@ -452,7 +488,10 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.perf_counter() - t0, 1),
         "variants": [asdict(v) for v in variants],
     }
-    for path, text in ((args.out, json.dumps(report, indent=1)), (args.markdown, markdown(variants, targets))):
+    for path, text in (
+        (args.out, json.dumps(report, indent=1)),
+        (args.markdown, markdown(variants, targets)),
+    ):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(text)
     print(markdown(variants, targets).split("\n\n")[0])
