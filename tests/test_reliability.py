@@ -88,6 +88,7 @@ def _truncate(path: Path) -> bytes:
 BAD_VALUES = [
     ("prepare", ("data.corpus.source=folder", "data.corpus.input_dir={root}/nowhere"), "nowhere"),
     ("curate", ("data.curate.tasks=0",), "data.curate.tasks"),
+    ("curate", ("data.curate.min_kept_docs=100000",), "fewer than data.curate.min_kept_docs=100000"),
     ("tokenizer", ("tokenizer.path={root}/nowhere.json",), "nowhere.json"),
     ("tokenize", ("data.tokenize.val_fraction=2",), "data.tokenize.val_fraction"),
     ("eval-data", ("eval.tasks=[no_such_task]",), "no_such_task"),

@@ -44,9 +44,15 @@ class CorpusConfig:
     source: str = "debian"  # "debian": Debian documentation packages; "folder": a folder of the user's own
     debian_packages: list[str] = field(default_factory=lambda: ["sqlite3-doc", "postgresql-doc-15"])
     # source=folder: a folder (searched recursively), a file or a glob ("**" recurses) of *.jsonl,
-    # *.jsonl.gz, *.jsonl.zst, *.parquet, *.txt (one document per file), *.warc, *.warc.gz (HTML pages)
-    input_dir: str = ""
+    # *.jsonl.gz, *.jsonl.zst, *.parquet, *.txt (one document per file), *.warc, *.warc.gz (HTML pages).
+    # "corpus" is the repo's placeholder folder (only a README): dvc_dep follows input_dir, and DVC needs a
+    # path that exists even for the Debian corpus
+    input_dir: str = "corpus"
     inputs: list[str] = field(default_factory=list)  # source=folder: more folders / files / globs, read after
+    # The path dvc.yaml's prepare stage depends on (DVC hashes every file under it, so an edited corpus
+    # re-runs prepare): a folder or file holding every input, no glob. conf/ sets it to ${.input_dir}; set it
+    # yourself when input_dir is a glob or inputs lie elsewhere (source=folder checks, before it reads)
+    dvc_dep: str = "corpus"
     text_key: str = "text"  # source=folder: field holding the document text (JSONL keys, Parquet columns)
     id_key: str = "id"  # source=folder: field holding the document id ("" = file name + line number)
     # source=folder: longer documents are rejected (counted, kept in the rejects file), because the curate
@@ -58,6 +64,13 @@ class CorpusConfig:
     max_docs_per_source: int = 0  # cap per package / input file, for fast runs; 0 = no cap
     min_chars: int = 200  # pages with less extracted text than this (characters) are not documents
     cache_dir: str = ""  # where .deb files are kept; "" = $XDG_CACHE_HOME/zaya_pipeline/debs
+
+    def validate(self) -> None:
+        if not self.dvc_dep:
+            raise ConfigError(
+                "data.corpus.dvc_dep is empty (it follows data.corpus.input_dir): dvc.yaml's prepare stage "
+                "depends on it; set it to a folder or file holding every input (the default: corpus)"
+            )
 
 
 def _default_curate_steps() -> dict[str, Any]:
@@ -141,6 +154,13 @@ class CurateConfig:
     steps: dict[str, Any] = field(default_factory=_default_curate_steps)
     # a rerun after a crash (same data.curate, same input files) keeps the tasks datatrove marked completed
     resume: bool = True
+    # documents curation must keep, or the stage stops before replacing its outputs, naming the steps that
+    # dropped the most (it also stops on an empty train/val split or less text than one training batch)
+    min_kept_docs: int = 100
+
+    def validate(self) -> None:
+        if self.min_kept_docs < 0:
+            raise ConfigError(f"data.curate.min_kept_docs must be >= 0, got {self.min_kept_docs}")
 
 
 @dataclass

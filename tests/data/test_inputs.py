@@ -119,12 +119,47 @@ def test_globs_and_an_inputs_list(tmp_path, mixed):
             tmp_path,
             f"data.corpus.input_dir={mixed}/**/*.txt",
             f"data.corpus.inputs=[{mixed}/b.parquet,{mixed}/web]",
+            f"data.corpus.dvc_dep={mixed}",  # what DVC hashes: a folder holding every input
             "data.corpus.text_key=body",
             "data.corpus.id_key=doc",
         )
     )
     names = sorted(p.name for p in (tmp_path / "raw").glob("*.jsonl.gz"))
     assert names == ["b.jsonl.gz", "books__one.jsonl.gz", "crawl.jsonl.gz"]
+
+
+def test_an_input_dvc_would_not_track_is_refused_before_anything_is_read(tmp_path, mixed):
+    """dvc.yaml's prepare stage depends on data.corpus.dvc_dep (by default input_dir): an input outside it,
+    or a glob there, would let `dvc status` miss an edit to the corpus."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "x.jsonl").write_text(json.dumps({"id": "x", "text": PROSE}) + "\n")
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "old.jsonl.gz").write_bytes(b"the last run's output")
+    cases = {
+        "inputs outside": (
+            [f"data.corpus.input_dir={mixed}", f"data.corpus.inputs=[{other}/x.jsonl]"],
+            f"data.corpus.dvc_dep={mixed} does not hold data.corpus.inputs[0]={other}/x.jsonl: ",
+        ),
+        "a glob": (
+            [f"data.corpus.input_dir={mixed}/**/*.txt"],
+            f"data.corpus.dvc_dep={mixed}/**/*.txt is a glob: ",
+        ),
+    }
+    for overrides, says in cases.values():
+        with pytest.raises(ConfigError) as err:
+            prepare(cfg_for(tmp_path, *overrides))
+        msg = str(err.value)
+        assert msg.startswith(says) and "\n" not in msg, msg
+        common = tmp_path if "inputs" in says else mixed
+        assert msg.endswith(f"Set data.corpus.dvc_dep={common} (a folder or file holding every input)"), msg
+    assert sorted(p.name for p in raw.iterdir()) == ["old.jsonl.gz"], "nothing was written"
+    with pytest.raises(ConfigError, match="data.corpus.dvc_dep is empty"):
+        cfg_for(tmp_path, "data.corpus.input_dir=", f"data.corpus.inputs=[{mixed}]")
+    body = ("data.corpus.text_key=body", "data.corpus.id_key=doc")
+    prepare(cfg_for(tmp_path, f"data.corpus.input_dir={mixed}", f"data.corpus.dvc_dep={mixed}/..", *body))
+    assert (raw / "b.jsonl.gz").is_file(), "a folder above every input is fine"
 
 
 def test_a_glob_that_matches_nothing_and_a_bad_extractor_are_clear_errors(tmp_path, mixed, monkeypatch):

@@ -1,1 +1,2 @@
-"""Helpers for the tests (not shipped): gloo process groups, log capture, the MLflow UI in a browser."""
+"""Helpers for the tests (not shipped): gloo process groups, log capture, the MLflow UI in a browser, a
+throwaway git + DVC copy of the project."""

@@ -8,7 +8,8 @@
 * ``expected_deps``: a stage's closure from its ``zaya <stage>`` entry point (cli.STAGES), minus the
   generic plumbing listed in pyproject.toml ``[tool.zaya.dvc]`` — the one place that says what may be left
   out of deps and params, and why.
-* ``param_problems``: the keys a stage read (config_reads.py) against its declared ``params``.
+* ``param_problems``: the keys a stage read (config_reads.py) against its declared ``params``, less the
+  keys it reads only for an early check (``[tool.zaya.dvc.params_early_checks]``).
 """
 
 from __future__ import annotations
@@ -169,9 +170,14 @@ def covered(key: str, declared: list[str]) -> bool:
     return any(key == d or key.startswith(d + ".") for d in declared)
 
 
+def early_check_keys(stage: str) -> list[str]:
+    """Keys ``stage`` reads only to fail early on what a later stage could not use (pyproject.toml)."""
+    return list(wiring_rules().get("params_early_checks", {}).get(stage, []))
+
+
 def param_problems(stage: str, declared: list[str], reads: list[str]) -> list[str]:
     """Keys read but not declared, and declared entries the stage never read under the debug config."""
-    ignored = wiring_rules()["params_ignored"]
+    ignored = wiring_rules()["params_ignored"] + early_check_keys(stage)
     read = [k for k in reads if not covered(k, ignored)]
     problems = [
         f"{stage}: reads {k} but dvc.yaml does not list it under params"

@@ -3,8 +3,10 @@
 The chain is ``data.curate.steps`` (``chain.py`` parses it and builds the datatrove passes); the passes run
 on ``data.executor`` (``executors.py``: local processes, Slurm job arrays or Ray). Intermediate shards and
 the outputs being built live in ``data.executor.work_dir`` (default ``<paths.curated>.work``); the last step
-(``finish``) checks the accounting, moves the outputs into ``paths.curated`` / ``paths.removed`` and writes
-``reports/curate.json`` and the data report (``report.py``; also logged to MLflow).
+(``finish``) checks the accounting, refuses a kept corpus too little to train on (``trainable.py``: too few
+documents, an empty train/val split, less than one training batch; the old outputs stay), moves the outputs
+into ``paths.curated`` / ``paths.removed`` and writes ``reports/curate.json`` and the data report
+(``report.py``; also logged to MLflow).
 
 Accounting: every input document is either written to ``paths.curated`` or to
 ``paths.removed/<step id>/`` with ``curate_step`` and ``filter_reason`` in its metadata. ``finish`` checks
@@ -207,9 +209,11 @@ def _replace_dir(src: Path, dst: Path) -> None:
 
 
 def finish(cfg: ZayaConfig, passes: list[PassInfo]) -> dict:
-    """Check the accounting, move the outputs into place, write curate.json and the data report."""
+    """Check the accounting and that what was kept is enough to train on, move the outputs into place,
+    write curate.json and the data report."""
     from zaya_pipeline.data.datatrove_parts import zero_gzip_mtime
     from zaya_pipeline.data.report import log_report_to_mlflow, write_report
+    from zaya_pipeline.data.trainable import check_trainable
 
     lay = Layout.of(cfg)
     staged_curated, staged_removed = lay.work / "curated", lay.work / "removed"
@@ -220,6 +224,7 @@ def finish(cfg: ZayaConfig, passes: list[PassInfo]) -> dict:
     staged_curated.mkdir(parents=True, exist_ok=True)
     staged_removed.mkdir(parents=True, exist_ok=True)
     summary = file_accounting(summary, lay.raw, staged_curated, staged_removed)
+    check_trainable(cfg, summary, staged_curated)  # before the swap: refused, the old outputs stay
     _replace_dir(staged_curated, lay.curated)
     _replace_dir(staged_removed, lay.removed)
     state = read_json(lay.state)
@@ -253,10 +258,13 @@ class FinishStep(PipelineStep):
 
 
 def fingerprint(cfg: ZayaConfig, lay: Layout) -> str:
-    """What a resumed run must share with the crashed one: data.curate, the paths and the input files."""
+    """What a resumed run must share with the crashed one: data.curate (except min_kept_docs, which only
+    ``finish`` reads: a run refused for keeping too little resumes under a lower threshold), the paths and the
+    input files."""
     inputs = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(lay.raw.glob("*.jsonl.gz"))]
+    curate = {k: v for k, v in asdict(cfg.data.curate).items() if k != "min_kept_docs"}
     key = {
-        "curate": asdict(cfg.data.curate),
+        "curate": curate,
         "layout": [str(x) for x in asdict(lay).values()],
         "inputs": inputs,
     }

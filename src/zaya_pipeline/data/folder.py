@@ -14,6 +14,10 @@ become ``<id>#1``, ``<id>#2``, ... in input order (files by path, then line), so
 another's id by being read first; counted, since later stages (the train/val split, dedup bookkeeping) key
 on ids. A missing id becomes ``<file>:<line>``. Only a run with no usable document at all is an error
 (``prepare.py``).
+
+DVC sees the inputs through ``data.corpus.dvc_dep``, the one path dvc.yaml's prepare stage depends on
+(templated from params.yaml; DVC cannot depend on a glob or a list): ``check_dvc_dep`` refuses, before
+anything is read, an input outside it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import base64
 import glob
 import hashlib
 import json
+import os
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,6 +47,7 @@ KINDS = {  # suffix → reader; longer suffixes first
     ".warc": "warc",
 }
 FORMATS = "*.jsonl(.gz|.zst), *.parquet, *.txt or *.warc(.gz)"
+GLOB_CHARS = "*?["
 HTML_EXTRACTORS = ("trafilatura", "builtin")
 PARQUET_BATCH_ROWS = 4096
 EXAMPLES_PER_REASON = 10  # rejected_examples in reports/prepare.json; the rejects file holds every one
@@ -73,13 +79,48 @@ def input_specs(corpus: CorpusConfig) -> list[tuple[str, str]]:
     return specs
 
 
+def _is_glob(spec: str) -> bool:
+    return any(c in spec for c in GLOB_CHARS)
+
+
+def _glob_root(pattern: str) -> Path:
+    """The fixed leading folders of a glob: what its matches' names are relative to."""
+    parts = Path(pattern).parts
+    fixed = next(i for i, p in enumerate(parts) if _is_glob(p))
+    return Path(*parts[:fixed]) if fixed else Path(".")
+
+
+def _base(spec: str) -> Path:
+    """The folder or file an input reads from: the spec itself, or a glob's fixed leading folders."""
+    path = Path(spec).expanduser()
+    return (_glob_root(str(path)) if _is_glob(spec) else path).resolve()
+
+
+def check_dvc_dep(corpus: CorpusConfig) -> None:
+    """Every input lies under ``data.corpus.dvc_dep``, the path dvc.yaml's prepare stage depends on, so DVC
+    sees a change to any input file (a glob counts by its fixed leading folders)."""
+    specs, dep = input_specs(corpus), corpus.dvc_dep
+    root = None if _is_glob(dep) else Path(dep).expanduser().resolve()
+    outside = [f"{k}={v}" for k, v in specs if root is None or not _inside(_base(v), root)]
+    if not outside:
+        return
+    why = "is a glob" if root is None else f"does not hold {outside[0]}"
+    common = os.path.commonpath([str(_base(v)) for _, v in specs])
+    raise ConfigError(
+        f"data.corpus.dvc_dep={dep} {why}: dvc.yaml's prepare stage depends on that path, so DVC would not "
+        f"see your corpus change. Set data.corpus.dvc_dep={common} (a folder or file holding every input)"
+    )
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
 def _expand(key: str, spec: str) -> list[tuple[Path, Path]]:
     """(root, file) pairs of one input; the root is what output names and sources are relative to."""
-    if any(c in spec for c in "*?["):
+    if _is_glob(spec):
         pattern = str(Path(spec).expanduser())
-        parts = Path(pattern).parts
-        fixed = next(i for i, p in enumerate(parts) if any(c in p for c in "*?["))
-        root = Path(*parts[:fixed]) if fixed else Path(".")
+        root = _glob_root(pattern)
         matches = sorted(Path(m) for m in glob.glob(pattern, recursive=True))
         if not matches:
             raise DataError(f"{key}={spec}: the pattern matches no file or folder")

@@ -6,6 +6,8 @@ Sources (``data.corpus.source``):
   per HTML page (see ``debian.py`` and ``html_text.py``);
 * ``folder``: the user's JSONL / Parquet / text / WARC files under ``data.corpus.input_dir`` and
   ``data.corpus.inputs`` (folders, files or globs; see ``folder.py``). Bad records are skipped and counted.
+  Every input must lie under ``data.corpus.dvc_dep`` (by default ``input_dir``), the path dvc.yaml's prepare
+  stage depends on, so that ``dvc status`` sees an edit to the corpus.
 
 Output (``paths.raw``, built in a temporary folder and moved into place only when complete)::
 
@@ -156,6 +158,8 @@ def prepare(cfg: ZayaConfig) -> dict:
     if source not in SOURCES:
         raise ConfigError(f"data.corpus.source={source!r} is not one of {', '.join(SOURCES)}")
     report = Path(cfg.paths.reports) / "prepare.json"
+    if source == "folder":
+        folder.check_dvc_dep(cfg.data.corpus)  # before anything is written: DVC must see the inputs change
     with atomic_dir(cfg.paths.raw) as out:
         if source == "debian":
             sources, rejects = _prepare_debian(cfg, out), dict(NO_REJECTS)

@@ -1,13 +1,13 @@
 """The tokenize stage: curated JSONL → train/val token shards, with datatrove's ``DocumentTokenizer``.
 
 One datatrove pipeline per split, ``JsonlReader → SplitFilter → DocumentTokenizer``: the filter keeps the
-documents whose salted id hash falls in that split, so the split is deterministic, disjoint and independent
-of file order or task count. Layout and format of the output: see ``zaya_pipeline.data.loader``.
+documents whose salted id hash falls in that split (``splits.split_of``), so the split is deterministic,
+disjoint and independent of file order or task count. Layout and format of the output: see
+``zaya_pipeline.data.loader``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import time
@@ -25,21 +25,13 @@ from tokenizers.processors import TemplateProcessing
 from zaya_pipeline.config import TokenizeConfig, ZayaConfig
 from zaya_pipeline.data.datatrove_parts import run_explained
 from zaya_pipeline.data.loader import read_shards, token_counts
+from zaya_pipeline.data.splits import SPLITS, split_of
 from zaya_pipeline.data.text_io import CURATED_GLOB, curated_files
 from zaya_pipeline.errors import ConfigError, DataError
 from zaya_pipeline.progress import Progress
 from zaya_pipeline.utils import atomic_dir, get_logger, read_json, remove_outputs, set_project_env, write_json
 
 log = get_logger("tokenize")
-
-SPLITS = ("train", "val")
-_HASH_RANGE = 2**64
-
-
-def split_of(doc_id: str, val_fraction: float, seed: int) -> str:
-    """The split of a document: "val" for a ``val_fraction`` share of ids, by a seed-salted stable hash."""
-    digest = hashlib.blake2b(f"{seed}\x00{doc_id}".encode(), digest_size=8).digest()
-    return "val" if int.from_bytes(digest, "little") < val_fraction * _HASH_RANGE else "train"
 
 
 class SplitFilter(BaseFilter):
