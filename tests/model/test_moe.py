@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from zaya_pipeline.config import MoEConfig, RouterConfig
 from zaya_pipeline.errors import ConfigError
 from zaya_pipeline.model.moe import MoE, within_capacity
+from zaya_pipeline.ops import sort_by_expert
 
 D = 16
 
@@ -35,13 +36,17 @@ def test_skip_expert_really_skips():
     with torch.no_grad():  # a skip bias that lets about half of the tokens skip
         probs = r.mlp(r.norm(r.down(x.view(64, D)))).softmax(-1)
         r.expert_bias_E[-1] = (probs[:, :E].max(dim=1).values - probs[:, E]).median() + 1e-4
-    computed = []
+    calls = []
     original = layer._experts
-    layer._experts = lambda x_TD, *a: computed.append(x_TD.shape[0]) or original(x_TD, *a)
+    layer._experts = lambda x_TD, ids_TK, w_TK: calls.append((ids_TK, w_TK)) or original(x_TD, ids_TK, w_TK)
     out = layer(x)
     skipped = out.num_tokens_per_expert_E[-1].item()
     assert 0 < skipped < 64 and out.num_tokens_per_expert_E.shape == (E + 1,)
-    assert computed == [64 - skipped]  # the skipped tokens never reach the expert op
+    # the skipped slots reach the expert op as "no expert" (id E, weight 0): sorted past the experts' rows,
+    # they are never computed (sort_by_expert counts only the others)
+    ((ids_TK, w_TK),) = calls
+    assert int((ids_TK == E).sum()) == skipped and torch.all(w_TK[ids_TK == E] == 0)
+    assert int(sort_by_expert(ids_TK, E)[2].sum()) == 64 - skipped
     routed = layer.router(x.view(64, D))
     for t in range(64):
         e = int(routed.topk_ids_TK[t, 0])

@@ -182,3 +182,31 @@ def test_triton_parity_with_64_bit_offsets(monkeypatch):
 
     monkeypatch.setattr(triton_expert_mlp, "_wide", lambda *sizes: True)
     check_parity("triton", CASES[2], torch.float32, tol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["loop", "grouped_mm", "triton"])
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_slots_with_no_expert_contribute_nothing(backend, top_k):
+    """Id E marks a slot with no expert (the MoE's skip expert and capacity drops): no output, no gradient
+    to its routing weight, and the same result as giving that slot weight 0 on a real expert."""
+    x, ids, w, wgu, wd = make_inputs(37, 72, 40, 5, top_k, "random", torch.float32, seed=7)
+    none_TK = torch.rand(ids.shape, generator=torch.Generator().manual_seed(2)) < 0.35
+    none_TK[:3] = True  # a few tokens with no expert at all
+    cot = torch.randn(37, 72, generator=torch.Generator().manual_seed(1))
+
+    def run(ids_TK, w_TK, name):
+        y = expert_mlp(x, ids_TK, w_TK, wgu, wd, backend=name)
+        return (y, *torch.autograd.grad((y * cot).sum(), (x, w, wgu, wd)))
+
+    got = run(ids.masked_fill(none_TK, 5), w, backend)
+    want = run(ids.masked_fill(none_TK, 0), w * ~none_TK, "loop")  # weight 0 on expert 0 instead
+    for name, a, b in zip(
+        ("y", "dx", "dw_gate_up", "dw_down"),
+        (got[0], got[1], got[3], got[4]),
+        (want[0], want[1], want[3], want[4]),
+        strict=True,
+    ):
+        assert rel_err(a, b) < 1e-5, f"{backend}: {name}"
+    assert torch.count_nonzero(got[2][none_TK]) == 0
+    assert rel_err(got[2][~none_TK], want[2][~none_TK]) < 1e-5
+    assert torch.count_nonzero(got[0][:3]) == 0

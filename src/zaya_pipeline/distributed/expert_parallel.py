@@ -44,18 +44,21 @@ def expert_parallel_mlp(
     backend: str = "auto",
 ) -> torch.Tensor:
     """``expert_mlp`` over experts spread across ``group``: this rank holds experts
-    ``rank * E_local : (rank + 1) * E_local``; ``topk_ids_TK`` holds global expert ids."""
+    ``rank * E_local : (rank + 1) * E_local``; ``topk_ids_TK`` holds global expert ids, and the id one past
+    the last expert marks a slot with no expert (computed nowhere, contributes nothing)."""
     ep = dist.get_world_size(group)
     num_local = w_gate_up_local.shape[0]
     T, K = topk_ids_TK.shape
     ids_S = topk_ids_TK.reshape(-1)
+    # id ep * E_local ("no expert": a skipped or dropped slot) -> destination ep, sorted last and not sent
     dest_S = torch.div(ids_S, num_local, rounding_mode="floor")
     order_S = torch.argsort(dest_S, stable=True)
-    token_S = order_S // K
-    send_counts = torch.bincount(dest_S, minlength=ep)
+    send_counts = torch.bincount(dest_S, minlength=ep + 1)[:ep].contiguous()
     recv_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(recv_counts, send_counts, group=group)
     send, recv = send_counts.tolist(), recv_counts.tolist()
+    order_S = order_S[: sum(send)]
+    token_S = order_S // K
 
     local_ids_S = ids_S[order_S] - dest_S[order_S] * num_local
     local_ids_R = torch.empty(sum(recv), dtype=local_ids_S.dtype, device=local_ids_S.device)

@@ -192,7 +192,7 @@ def place_kernel(
     ids = tl.load(ids_ptr + s, mask=s < S, other=-1).to(tl.int32)
     onehot = (ids[:, None] == e_idx[None, :]).to(tl.int32)
     base = tl.load(block_base_ptr + b * E_POW2 + e_idx) + tl.load(
-        offsets_ptr + e_idx, mask=e_idx < E, other=0
+        offsets_ptr + e_idx, mask=e_idx <= E, other=0
     )
     rank = tl.cumsum(onehot, 0) - onehot + base[None, :]
     pos = tl.sum(rank * onehot, 1)
@@ -361,26 +361,30 @@ def _grouped_dw_kernel(
 
 @triton.jit
 def _combine_kernel(
-    rows_ptr, pair_pos_ptr, route_w_ptr, out_ptr, T, D,
+    rows_ptr, pair_pos_ptr, route_w_ptr, offsets_ptr, out_ptr, T, D, E,
     TOP_K: tl.constexpr, HAS_WEIGHTS: tl.constexpr, UPCAST: tl.constexpr, WIDE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """out[t] = sum_k w[t, k] * rows[pos(t, k)] (w = 1 without HAS_WEIGHTS), in fp32, in a fixed order."""
+    """out[t] = sum_k w[t, k] * rows[pos(t, k)] (w = 1 without HAS_WEIGHTS), in fp32, in a fixed order.
+    Slots with no expert (id E) sort past the experts' rows, at pos >= offsets[E]; their rows were never
+    written and are not read."""
     ts = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = ts < T
     ds = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    ok = t_ok[:, None] & (ds < D)[None, :]
+    d_ok = (ds < D)[None, :]
+    routed_rows = tl.load(offsets_ptr + E)
     acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
     for k in tl.static_range(TOP_K):
         pair = ts * TOP_K + k
         pos = tl.load(pair_pos_ptr + pair, mask=t_ok, other=0)
+        ok = (t_ok & (pos < routed_rows))[:, None] & d_ok
         row = tl.load(rows_ptr + _idx(pos, WIDE)[:, None] * D + ds[None, :], mask=ok, other=0.0)
         if HAS_WEIGHTS:
             route_w = tl.load(route_w_ptr + pair, mask=t_ok, other=0.0).to(tl.float32)
             row = row.to(tl.float32) * route_w[:, None]
         acc += row.to(tl.float32)
     out = _cast(acc, out_ptr.dtype.element_ty, UPCAST)
-    tl.store(out_ptr + _idx(ts, WIDE)[:, None] * D + ds[None, :], out, mask=ok)
+    tl.store(out_ptr + _idx(ts, WIDE)[:, None] * D + ds[None, :], out, mask=t_ok[:, None] & d_ok)
 
 
 _GEMM_KEY = ["N", "R"]

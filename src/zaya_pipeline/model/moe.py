@@ -1,8 +1,12 @@
 """MoE feed-forward layer: a router picks K of the experts per token; SwiGLU experts run via ``ops``.
 
 Dropless by default. Options: a skip ("no-op") expert the router may choose (the token then gets no expert
-output for that slot, and skipped tokens are not computed at all), a capacity factor (over-capacity slots
+output for that slot, and skipped slots are not computed at all), a capacity factor (over-capacity slots
 are dropped, in training only: evaluation and decoding stay dropless) and a dense shared expert.
+
+No data-dependent shape and no host sync anywhere in the layer (it compiles as one graph): skipped and
+dropped slots keep their place with expert id E, which every expert backend sorts past the experts' rows
+and leaves out, and expert counts are scatter-add histograms that stay on the device.
 
 Shape legend:
     B  batch    T  tokens (T = B * sequence length inside the layer)    D  model width
@@ -126,20 +130,17 @@ class MoE(nn.Module):
         ids_TK, weights_TK = routed.topk_ids_TK, routed.topk_weights_TK
         dropped = torch.zeros((), dtype=torch.long, device=x_TD.device)
         capacity = self.capacity_factor > 0 and self.training
-        if not (self.skip_expert or capacity):  # dropless, no skip: every slot runs (no mask, no host sync)
-            y_TD = self._experts(x_TD, ids_TK, weights_TK)
-        else:
+        if self.skip_expert or capacity:
+            # Slots routed to the skip expert or over capacity get id E ("no expert": sorted past every
+            # expert's rows and never computed) and weight 0. Shapes stay fixed: no nonzero, no host sync.
             keep_TK = ids_TK < self.num_experts  # False for the skip expert
             if capacity:
                 fits_TK = within_capacity(ids_TK, self.num_experts, self.capacity_factor)
                 dropped = (keep_TK & ~fits_TK).sum()
                 keep_TK = keep_TK & fits_TK
-            # Tokens with no slot left are not computed at all; a kept token's other slots get weight 0.
-            rows_N = keep_TK.any(dim=1).nonzero().squeeze(1)
-            ids_NK = ids_TK[rows_N].masked_fill(~keep_TK[rows_N], 0)
-            weights_NK = weights_TK[rows_N] * keep_TK[rows_N]
-            y_ND = self._experts(x_TD[rows_N], ids_NK, weights_NK)  # autocast: may differ from x's dtype
-            y_TD = x_TD.new_zeros(x_TD.shape, dtype=y_ND.dtype).index_copy(0, rows_N, y_ND)
+            ids_TK = ids_TK.masked_fill(~keep_TK, self.num_experts)
+            weights_TK = weights_TK * keep_TK
+        y_TD = self._experts(x_TD, ids_TK, weights_TK)
         if self.shared is not None:
             y_TD = y_TD + self.shared(x_TD)
         aux = self.aux_loss_coef * routed.aux_loss + self.z_loss_coef * routed.z_loss

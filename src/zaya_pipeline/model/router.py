@@ -16,6 +16,7 @@ from torch import nn
 
 from zaya_pipeline.config import MoEConfig, RouterConfig
 from zaya_pipeline.errors import ConfigError
+from zaya_pipeline.ops import count_per_expert
 
 ROUTER_TYPES = ("linear", "zaya1")
 
@@ -34,7 +35,7 @@ def load_balancing_loss(probs_TE: torch.Tensor, topk_ids_TK: torch.Tensor) -> to
     """Switch/GShard loss ``E * sum_e f_e * P_e``: f_e = share of routed slots sent to e (no gradient),
     P_e = mean router probability of e. Equals 1 when both are uniform and grows as routing collapses."""
     num_experts = probs_TE.shape[1]
-    counts_E = torch.bincount(topk_ids_TK.reshape(-1), minlength=num_experts)
+    counts_E = count_per_expert(topk_ids_TK, num_experts)
     f_E = counts_E.to(probs_TE.dtype) / max(topk_ids_TK.numel(), 1)
     return num_experts * torch.sum(f_E * probs_TE.mean(dim=0))
 
@@ -65,7 +66,7 @@ class LinearRouter(nn.Module):
         logits_TE = self.proj(x_TD).float()
         probs_TE = logits_TE.softmax(dim=-1)
         topk_ids_TK = probs_TE.topk(self.top_k, dim=-1).indices
-        counts_E = torch.bincount(topk_ids_TK.reshape(-1), minlength=self.num_experts)
+        counts_E = count_per_expert(topk_ids_TK, self.num_experts)
         return RouterOutput(
             topk_ids_TK=topk_ids_TK,
             topk_weights_TK=_gates(probs_TE, topk_ids_TK),
@@ -144,7 +145,7 @@ class Zaya1Router(nn.Module):
         logits_TE = self.mlp(self.norm(h_TR)).float()
         probs_TE = logits_TE.softmax(dim=-1)
         topk_ids_TK = (probs_TE.detach() + self.expert_bias_E).topk(self.top_k, dim=-1).indices
-        counts_E = torch.bincount(topk_ids_TK.reshape(-1), minlength=self.num_experts).detach()
+        counts_E = count_per_expert(topk_ids_TK, self.num_experts).detach()
         if self.training:
             self.pending_counts_E += counts_E
         return RouterOutput(
@@ -165,12 +166,12 @@ class Zaya1Router(nn.Module):
         if reduce_sum is not None:
             self.pending_counts_E.copy_(reduce_sum(self.pending_counts_E.clone()))
         total = self.pending_counts_E.sum()
-        if total == 0:
-            return
-        mean = total / self.num_experts
-        error_E = (mean - self.pending_counts_E) / mean  # > 0: under-loaded, raise its bias
+        routed = total > 0  # decided on the device: no host sync in the training step
+        mean = total.clamp_min(1) / self.num_experts
+        error_E = torch.where(routed, (mean - self.pending_counts_E) / mean, 0)  # > 0: under-loaded
         self.load_error_integral_E += error_E
-        self.expert_bias_E += self.p_gain * error_E + self.i_gain * self.load_error_integral_E
+        step_E = self.p_gain * error_E + self.i_gain * self.load_error_integral_E
+        self.expert_bias_E += torch.where(routed, step_E, 0)
         self.pending_counts_E.zero_()
 
 

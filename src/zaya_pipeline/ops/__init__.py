@@ -4,6 +4,7 @@ from zaya_pipeline.ops.expert_mlp import (
     BACKENDS,
     available_backends,
     check_backend,
+    count_per_expert,
     expert_mlp,
     pick_backend,
     sort_by_expert,
@@ -15,5 +16,6 @@ __all__ = [
     "expert_mlp",
     "pick_backend",
     "check_backend",
+    "count_per_expert",
     "sort_by_expert",
 ]

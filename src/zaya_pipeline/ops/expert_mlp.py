@@ -28,34 +28,47 @@ from zaya_pipeline.errors import ConfigError
 BACKENDS = ("auto", "loop", "grouped_mm", "triton")
 
 
+def count_per_expert(ids: torch.Tensor, num_bins: int) -> torch.Tensor:
+    """int64 (num_bins,) histogram of ``ids`` (values in [0, num_bins)). A scatter-add, not ``bincount``,
+    whose output size depends on the data: this one traces into a compiled graph with no host sync."""
+    flat = ids.reshape(-1)
+    return torch.zeros(num_bins, dtype=torch.int64, device=ids.device).scatter_add_(
+        0, flat, torch.ones_like(flat)
+    )
+
+
 def sort_by_expert(topk_ids_TK: torch.Tensor, num_experts: int):
     """Expert-sorted order of the (token, slot) pairs: (order_S, token_S, num_tokens_per_expert_E).
 
     The sort is stable, so each expert's rows stay in token order and results never depend on sort internals.
-    """
+    Slots with id ``num_experts`` (no expert: skipped or dropped) sort after every expert's rows and are not
+    counted."""
     ids_S = topk_ids_TK.reshape(-1)
     order_S = torch.argsort(ids_S, stable=True)
-    return order_S, order_S // topk_ids_TK.shape[1], torch.bincount(ids_S, minlength=num_experts)
+    counts_E = count_per_expert(ids_S, num_experts + 1)[:num_experts]
+    return order_S, order_S // topk_ids_TK.shape[1], counts_E
 
 
 def _expert_mlp_loop(x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD) -> torch.Tensor:
     hidden = w_down_EFD.shape[1]
     order_S, token_S, num_tokens_per_expert_E = sort_by_expert(topk_ids_TK, w_gate_up_EDF2.shape[0])
+    counts = num_tokens_per_expert_E.tolist()
+    kept = sum(counts)  # the rows of slots with no expert come last: drop them
+    order_S, token_S = order_S[:kept], token_S[:kept]
     weights_S = topk_weights_TK.reshape(-1)[order_S].to(x_TD.dtype)
     x_SD = x_TD[token_S]
     # unbind / split instead of indexing: the backward of w[e] or x[a:b] writes into a zero tensor of the full
     # size, once per expert; split and unbind backpropagate with a single concatenation.
     w_gate_up_DF2 = w_gate_up_EDF2.unbind(0)
     w_down_FD = w_down_EFD.unbind(0)
-    counts = num_tokens_per_expert_E.tolist()
     ys = []
     for e, x_ND in enumerate(torch.split(x_SD, counts)):
         if counts[e] == 0:
             continue
         gate_NF, up_NF = (x_ND @ w_gate_up_DF2[e]).split(hidden, dim=-1)
         ys.append((F.silu(gate_NF) * up_NF) @ w_down_FD[e])
-    if not ys:  # no tokens at all (T == 0)
-        return torch.zeros_like(x_TD)
+    if not ys:  # no routed slot at all
+        return x_TD * 0 + 0 * topk_weights_TK.sum().to(x_TD.dtype)  # zeros that keep the graph
     y_SD = torch.cat(ys) * weights_S[:, None]
     return torch.zeros_like(x_TD).index_add(0, token_S, y_SD)
 
@@ -66,50 +79,118 @@ def grouped_mm_aligned(d_model: int, hidden: int, dtype: torch.dtype) -> bool:
     return d_model % per_16_bytes == 0 and hidden % per_16_bytes == 0
 
 
-class _GroupedMMExpertMLP(torch.autograd.Function):
-    """All six GEMMs as ``grouped_mm`` over the expert-sorted rows, with a hand-written backward: it saves
-    the gathered x rows, gate|up and h, needs no concatenation, writes into output slices, and gets the
-    routing-weight grad as <dy W_down^T, h> (the same trick as the Triton kernels)."""
+# ---- grouped_mm: a custom op (forward and backward), so torch.compile traces through it ------------------
+# The forward returns what the backward needs as extra outputs (a custom op saves nothing itself). Rows of
+# slots with no expert (id E) sort last, past offsets[-1]: grouped_mm leaves them uninitialised, so every
+# result taken from them is masked with torch.where (not multiplied: 0 * garbage may be NaN).
 
-    @staticmethod
-    def forward(ctx, x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD):
-        hidden = w_down_EFD.shape[1]
-        top_k = topk_ids_TK.shape[1]
-        order_S, token_S, num_tokens_per_expert_E = sort_by_expert(topk_ids_TK, w_gate_up_EDF2.shape[0])
-        offsets_E = num_tokens_per_expert_E.cumsum(0).to(torch.int32)  # end row of each expert's group
-        route_w_S = topk_weights_TK.reshape(-1)[order_S]
-        x_SD = x_TD.index_select(0, token_S)
-        gu_S2F = F.grouped_mm(x_SD, w_gate_up_EDF2, offs=offsets_E)
-        h_SF = F.silu(gu_S2F[:, :hidden]).mul_(gu_S2F[:, hidden:])
-        y_SD = F.grouped_mm(h_SF, w_down_EFD, offs=offsets_E).mul_(route_w_S.to(x_TD.dtype)[:, None])
-        ctx.save_for_backward(
-            x_SD, gu_S2F, h_SF, order_S, token_S, offsets_E, route_w_S, w_gate_up_EDF2, w_down_EFD
-        )
-        ctx.weights_shape = topk_weights_TK.shape
-        return _scatter_rows(y_SD, token_S, x_TD.shape[0], top_k)
 
-    @staticmethod
-    def backward(ctx, dy_TD):
-        x_SD, gu_S2F, h_SF, order_S, token_S, offsets_E, route_w_S, w_gate_up_EDF2, w_down_EFD = (
-            ctx.saved_tensors
-        )
-        hidden = w_down_EFD.shape[1]
-        gate_SF, up_SF = gu_S2F[:, :hidden], gu_S2F[:, hidden:]
-        w_S1 = route_w_S.to(dy_TD.dtype)[:, None]
-        dy_SD = dy_TD.index_select(0, token_S)
-        g_SF = F.grouped_mm(dy_SD, w_down_EFD.transpose(1, 2), offs=offsets_E)  # dy W_down^T, unweighted
-        d_route_w_S = torch.linalg.vecdot(g_SF.float(), h_SF.float())  # fp32 even for bf16 inputs
-        d_route_w_TK = torch.empty_like(d_route_w_S).index_copy_(0, order_S, d_route_w_S)
-        dw_down_EFD = F.grouped_mm(h_SF.t(), dy_SD.mul_(w_S1), offs=offsets_E)
-        dh_SF = g_SF.mul_(w_S1)
-        dgu_S2F = torch.empty_like(gu_S2F)
-        torch.mul(dh_SF, F.silu(gate_SF), out=dgu_S2F[:, hidden:])
-        torch.ops.aten.silu_backward.grad_input(dh_SF.mul_(up_SF), gate_SF, grad_input=dgu_S2F[:, :hidden])
-        dw_gate_up_EDF2 = F.grouped_mm(x_SD.t(), dgu_S2F, offs=offsets_E)
-        dx_SD = F.grouped_mm(dgu_S2F, w_gate_up_EDF2.transpose(1, 2), offs=offsets_E)
-        dx_TD = _scatter_rows(dx_SD, token_S, dy_TD.shape[0], ctx.weights_shape[1])
-        d_route_w = d_route_w_TK.view(ctx.weights_shape).to(route_w_S.dtype)
-        return dx_TD, None, d_route_w, dw_gate_up_EDF2, dw_down_EFD
+@torch.library.custom_op("zaya::grouped_mm_expert_mlp", mutates_args=())
+def _gmm_forward(
+    x_TD: torch.Tensor,
+    topk_ids_TK: torch.Tensor,
+    topk_weights_TK: torch.Tensor,
+    w_gate_up_EDF2: torch.Tensor,
+    w_down_EFD: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y_TD, x_SD, gu_S2F, h_SF, order_S, offsets_E)."""
+    hidden = w_down_EFD.shape[1]
+    order_S, token_S, counts_E = sort_by_expert(topk_ids_TK, w_gate_up_EDF2.shape[0])
+    offsets_E = counts_E.cumsum(0).to(torch.int32)  # end row of each expert's group
+    valid_S1 = (torch.arange(order_S.shape[0], device=order_S.device) < offsets_E[-1])[:, None]
+    route_w_S = topk_weights_TK.reshape(-1)[order_S]
+    x_SD = x_TD.index_select(0, token_S)
+    gu_S2F = F.grouped_mm(x_SD, w_gate_up_EDF2, offs=offsets_E)
+    h_SF = F.silu(gu_S2F[:, :hidden]).mul_(gu_S2F[:, hidden:])
+    y_SD = F.grouped_mm(h_SF, w_down_EFD, offs=offsets_E).mul_(route_w_S.to(x_TD.dtype)[:, None])
+    y_SD = torch.where(valid_S1, y_SD, 0)
+    return (
+        _scatter_rows(y_SD, token_S, x_TD.shape[0], topk_ids_TK.shape[1]),
+        x_SD,
+        gu_S2F,
+        h_SF,
+        order_S,
+        offsets_E,
+    )
+
+
+@_gmm_forward.register_fake
+def _(x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD):
+    S, F2 = topk_ids_TK.numel(), w_gate_up_EDF2.shape[2]
+    new = x_TD.new_empty
+    return (
+        torch.empty_like(x_TD),
+        new(S, x_TD.shape[1]),
+        new(S, F2),
+        new(S, F2 // 2),
+        topk_ids_TK.new_empty(S),
+        torch.empty(w_gate_up_EDF2.shape[0], dtype=torch.int32, device=x_TD.device),
+    )
+
+
+@torch.library.custom_op("zaya::grouped_mm_expert_mlp_backward", mutates_args=())
+def _gmm_backward(
+    dy_TD: torch.Tensor,
+    x_SD: torch.Tensor,
+    gu_S2F: torch.Tensor,
+    h_SF: torch.Tensor,
+    order_S: torch.Tensor,
+    offsets_E: torch.Tensor,
+    topk_weights_TK: torch.Tensor,
+    w_gate_up_EDF2: torch.Tensor,
+    w_down_EFD: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx_TD, d_weights_TK, dw_gate_up_EDF2, dw_down_EFD): no concatenations, writes into output slices,
+    and the routing-weight grad as <dy W_down^T, h> (the same trick as the Triton kernels)."""
+    hidden = w_down_EFD.shape[1]
+    top_k = topk_weights_TK.shape[1]
+    valid_S1 = (torch.arange(order_S.shape[0], device=order_S.device) < offsets_E[-1])[:, None]
+    token_S = order_S // top_k
+    route_w_S = topk_weights_TK.reshape(-1)[order_S]
+    gate_SF, up_SF = gu_S2F[:, :hidden], gu_S2F[:, hidden:]
+    w_S1 = route_w_S.to(dy_TD.dtype)[:, None]
+    dy_SD = dy_TD.index_select(0, token_S)
+    g_SF = F.grouped_mm(dy_SD, w_down_EFD.transpose(1, 2), offs=offsets_E)  # dy W_down^T, unweighted
+    d_route_w_S = torch.where(valid_S1[:, 0], torch.linalg.vecdot(g_SF.float(), h_SF.float()), 0)  # fp32
+    d_route_w_TK = torch.empty_like(d_route_w_S).index_copy_(0, order_S, d_route_w_S)
+    dw_down_EFD = F.grouped_mm(h_SF.t(), dy_SD.mul_(w_S1), offs=offsets_E)
+    dh_SF = g_SF.mul_(w_S1)
+    dgu_S2F = torch.empty_like(gu_S2F)
+    torch.mul(dh_SF, F.silu(gate_SF), out=dgu_S2F[:, hidden:])
+    torch.ops.aten.silu_backward.grad_input(dh_SF.mul_(up_SF), gate_SF, grad_input=dgu_S2F[:, :hidden])
+    dw_gate_up_EDF2 = F.grouped_mm(x_SD.t(), dgu_S2F, offs=offsets_E)
+    dx_SD = torch.where(valid_S1, F.grouped_mm(dgu_S2F, w_gate_up_EDF2.transpose(1, 2), offs=offsets_E), 0)
+    dx_TD = _scatter_rows(dx_SD, token_S, dy_TD.shape[0], top_k)
+    return (
+        dx_TD,
+        d_route_w_TK.view_as(topk_weights_TK).to(topk_weights_TK.dtype),
+        dw_gate_up_EDF2,
+        dw_down_EFD,
+    )
+
+
+@_gmm_backward.register_fake
+def _(dy_TD, x_SD, gu_S2F, h_SF, order_S, offsets_E, topk_weights_TK, w_gate_up_EDF2, w_down_EFD):
+    return (
+        torch.empty_like(dy_TD),
+        torch.empty_like(topk_weights_TK),
+        torch.empty_like(w_gate_up_EDF2),
+        torch.empty_like(w_down_EFD),
+    )
+
+
+def _gmm_setup_context(ctx, inputs, output):
+    _, _, topk_weights_TK, w_gate_up_EDF2, w_down_EFD = inputs
+    _, x_SD, gu_S2F, h_SF, order_S, offsets_E = output
+    ctx.save_for_backward(x_SD, gu_S2F, h_SF, order_S, offsets_E, topk_weights_TK, w_gate_up_EDF2, w_down_EFD)
+
+
+def _gmm_autograd(ctx, dy_TD, *_unused):
+    dx, d_weights, dw_gate_up, dw_down = _gmm_backward(dy_TD.contiguous(), *ctx.saved_tensors)
+    return dx, None, d_weights, dw_gate_up, dw_down
+
+
+_gmm_forward.register_autograd(_gmm_autograd, setup_context=_gmm_setup_context)
 
 
 def _scatter_rows(rows_SD: torch.Tensor, token_S: torch.Tensor, num_tokens: int, top_k: int) -> torch.Tensor:
@@ -128,7 +209,7 @@ def _expert_mlp_grouped_mm(x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w
         )
     if x_TD.shape[0] == 0:
         return torch.zeros_like(x_TD)
-    return _GroupedMMExpertMLP.apply(x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD)
+    return _gmm_forward(x_TD.contiguous(), topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD)[0]
 
 
 def _expert_mlp_triton(*args) -> torch.Tensor:

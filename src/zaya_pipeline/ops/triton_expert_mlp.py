@@ -55,12 +55,14 @@ def permute(topk_ids_TK: torch.Tensor, num_experts: int):
     """Expert-sorted routing maps, on device with no host sync:
     (counts_E, offsets_E1, sorted_pair_S, pair_pos_S), all int32. Row p of the sorted order is pair
     ``sorted_pair_S[p]`` = token * K + slot; ``pair_pos_S`` is the inverse. Stable: ties keep pair order.
+    Id ``num_experts`` (a slot with no expert) is one more bucket, after every expert's rows
+    (from ``offsets_E1[-1]`` on), and is not counted in ``counts_E``.
     Three launches: per-block histograms and places run one program per block of rows; one program scans
     the (blocks x experts) counts between them."""
     ids_S = topk_ids_TK.reshape(-1).contiguous()
     S = ids_S.numel()
     device = ids_S.device
-    e_pow2 = triton.next_power_of_2(num_experts)
+    e_pow2 = triton.next_power_of_2(num_experts + 1)  # the experts and the "no expert" bucket
     block_s = min(configs.permute_block(e_pow2), max(16, triton.next_power_of_2(max(S, 1))))
     num_blocks = max(1, triton.cdiv(S, block_s))
     counts_E = torch.empty(num_experts, dtype=torch.int32, device=device)
@@ -86,14 +88,16 @@ def _row_grid(S: int, E: int, N: int):
     return lambda meta: ((triton.cdiv(S, meta["BLOCK_M"]) + E) * triton.cdiv(N, meta["BLOCK_N"]),)
 
 
-def _combine(rows_SD, pair_pos_S, route_w_S, T: int, top_k: int, out_dtype, wide: bool) -> torch.Tensor:
+def _combine(rows_SD, routing, route_w_S, T: int, top_k: int, out_dtype, wide: bool) -> torch.Tensor:
+    _, offsets_E1, _, pair_pos_S = routing
     D = rows_SD.shape[1]
     out_TD = torch.empty(T, D, dtype=out_dtype, device=rows_SD.device)
     cfg = kernels.COMBINE_CONFIG
     grid = (triton.cdiv(T, cfg["BLOCK_T"]), triton.cdiv(D, cfg["BLOCK_D"]))
     weights = route_w_S if route_w_S is not None else pair_pos_S  # unused pointer without HAS_WEIGHTS
     kernels.combine_kernel[grid](
-        rows_SD, pair_pos_S, weights, out_TD, T, D, TOP_K=top_k, HAS_WEIGHTS=route_w_S is not None,
+        rows_SD, pair_pos_S, weights, offsets_E1, out_TD, T, D, offsets_E1.shape[0] - 1,
+        TOP_K=top_k, HAS_WEIGHTS=route_w_S is not None,
         UPCAST=_flags(out_dtype)["UPCAST"], WIDE=wide, **cfg,
     )  # fmt: skip
     return out_TD
@@ -127,68 +131,125 @@ def _grouped_dw(a, b, routing, M, N, E, top_k, *, a_gather, b_gather, dtype, fla
     return dw_EMN
 
 
-class _ExpertMLP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD):
-        T, D = x_TD.shape
-        E, _, F2 = w_gate_up_EDF2.shape
-        F = F2 // 2
-        top_k = topk_ids_TK.shape[1]
-        S = T * top_k
-        flags = _flags(x_TD.dtype) | {"WIDE": _wide(S, T, D, F, E)}
-        x_TD = x_TD.contiguous()
-        route_w_S = topk_weights_TK.reshape(-1).contiguous()
-        routing = permute(topk_ids_TK, E)
-        counts_E, _, sorted_pair_S, pair_pos_S = routing
-        gu_S2F = torch.empty(S, 2 * F, dtype=x_TD.dtype, device=x_TD.device)
-        h_SF = torch.empty(S, F, dtype=x_TD.dtype, device=x_TD.device)
-        kernels.gate_up_kernel[_row_grid(S, E, F)](
-            x_TD, w_gate_up_EDF2, gu_S2F, h_SF, sorted_pair_S, counts_E, E, D, F,
-            x_TD.stride(0), *w_gate_up_EDF2.stride(),
-            TOP_K=top_k, E_POW2=triton.next_power_of_2(E), **flags, **configs.tile_order(),
-        )  # fmt: skip
-        o_SD = _grouped_gemm(h_SF, w_down_EFD, counts_E, flags)
-        del h_SF
-        y_TD = _combine(o_SD, pair_pos_S, route_w_S, T, top_k, x_TD.dtype, flags["WIDE"])
-        ctx.save_for_backward(x_TD, route_w_S, w_gate_up_EDF2, w_down_EFD, gu_S2F, *routing)
-        ctx.shape = (T, D, E, F, top_k)
-        ctx.weights_shape = topk_weights_TK.shape
-        return y_TD
+# The op is a torch custom op (forward and backward), so torch.compile traces through it as one node; the
+# forward returns what the backward needs as extra outputs (a custom op saves nothing itself).
 
-    @staticmethod
-    def backward(ctx, dy_TD):
-        x_TD, route_w_S, w_gate_up_EDF2, w_down_EFD, gu_S2F, *routing = ctx.saved_tensors
-        counts_E, _, sorted_pair_S, pair_pos_S = routing
-        T, D, E, F, top_k = ctx.shape
-        S = T * top_k
-        flags = _flags(x_TD.dtype) | {"WIDE": _wide(S, T, D, F, E)}
-        dy_TD = dy_TD.contiguous()
-        e_pow2 = triton.next_power_of_2(E)
 
-        # dgu (S, 2F) and the routing-weight grad, in per-F-tile partials (fp32; zeroed for the autotuner)
-        min_block_n = min(c.kwargs["BLOCK_N"] for c in kernels.down_bwd_kernel.configs)
-        n_part = triton.cdiv(F, min_block_n)
-        dw_part_SP = torch.zeros(S, n_part, dtype=torch.float32, device=x_TD.device)
-        dgu_S2F = torch.empty_like(gu_S2F)
-        hw_SF = torch.empty(S, F, dtype=gu_S2F.dtype, device=gu_S2F.device)  # w * h: dW_down's A operand
-        kernels.down_bwd_kernel[_row_grid(S, E, F)](
-            dy_TD, w_down_EFD, gu_S2F, route_w_S, dgu_S2F, hw_SF, dw_part_SP, sorted_pair_S, counts_E,
-            E, D, F, dy_TD.stride(0), *w_down_EFD.stride(), n_part,
-            TOP_K=top_k, E_POW2=e_pow2, **flags, **configs.tile_order(),
-        )  # fmt: skip
-        d_route_w = dw_part_SP.sum(1).to(route_w_S.dtype).view(ctx.weights_shape)
+@torch.library.custom_op("zaya::triton_expert_mlp", mutates_args=())
+def _forward(
+    x_TD: torch.Tensor,
+    topk_ids_TK: torch.Tensor,
+    topk_weights_TK: torch.Tensor,
+    w_gate_up_EDF2: torch.Tensor,
+    w_down_EFD: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y_TD, gu_S2F, counts_E, offsets_E1, sorted_pair_S, pair_pos_S)."""
+    T, D = x_TD.shape
+    E, _, F2 = w_gate_up_EDF2.shape
+    F = F2 // 2
+    top_k = topk_ids_TK.shape[1]
+    S = T * top_k
+    flags = _flags(x_TD.dtype) | {"WIDE": _wide(S, T, D, F, E)}
+    route_w_S = topk_weights_TK.reshape(-1).contiguous()
+    routing = permute(topk_ids_TK, E)
+    counts_E, _, sorted_pair_S, _ = routing
+    gu_S2F = torch.empty(S, 2 * F, dtype=x_TD.dtype, device=x_TD.device)
+    h_SF = torch.empty(S, F, dtype=x_TD.dtype, device=x_TD.device)
+    kernels.gate_up_kernel[_row_grid(S, E, F)](
+        x_TD, w_gate_up_EDF2, gu_S2F, h_SF, sorted_pair_S, counts_E, E, D, F,
+        x_TD.stride(0), *w_gate_up_EDF2.stride(),
+        TOP_K=top_k, E_POW2=triton.next_power_of_2(E), **flags, **configs.tile_order(),
+    )  # fmt: skip
+    o_SD = _grouped_gemm(h_SF, w_down_EFD, counts_E, flags)
+    del h_SF
+    y_TD = _combine(o_SD, routing, route_w_S, T, top_k, x_TD.dtype, flags["WIDE"])
+    return (y_TD, gu_S2F, *routing)
 
-        common = {"E": E, "top_k": top_k, "routing": routing, "flags": flags}
-        dw_down = _grouped_dw(
-            hw_SF, dy_TD, M=F, N=D, a_gather=False, b_gather=True, dtype=w_down_EFD.dtype, **common
-        )  # fmt: skip
-        del hw_SF
-        dw_gate_up = _grouped_dw(
-            x_TD, dgu_S2F, M=D, N=2 * F, a_gather=True, b_gather=False, dtype=w_gate_up_EDF2.dtype, **common
-        )  # fmt: skip
-        dx_SD = _grouped_gemm(dgu_S2F, w_gate_up_EDF2.transpose(1, 2), counts_E, flags)
-        dx_TD = _combine(dx_SD, pair_pos_S, None, T, top_k, x_TD.dtype, flags["WIDE"])
-        return dx_TD, None, d_route_w, dw_gate_up, dw_down
+
+@_forward.register_fake
+def _(x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD):
+    S, E = topk_ids_TK.numel(), w_gate_up_EDF2.shape[0]
+    int32 = {"dtype": torch.int32, "device": x_TD.device}
+    return (
+        torch.empty_like(x_TD),
+        x_TD.new_empty(S, w_gate_up_EDF2.shape[2]),
+        torch.empty(E, **int32),
+        torch.empty(E + 1, **int32),
+        torch.empty(S, **int32),
+        torch.empty(S, **int32),
+    )
+
+
+@torch.library.custom_op("zaya::triton_expert_mlp_backward", mutates_args=())
+def _backward(
+    dy_TD: torch.Tensor,
+    x_TD: torch.Tensor,
+    topk_weights_TK: torch.Tensor,
+    w_gate_up_EDF2: torch.Tensor,
+    w_down_EFD: torch.Tensor,
+    gu_S2F: torch.Tensor,
+    counts_E: torch.Tensor,
+    offsets_E1: torch.Tensor,
+    sorted_pair_S: torch.Tensor,
+    pair_pos_S: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx_TD, d_weights_TK, dw_gate_up_EDF2, dw_down_EFD)."""
+    routing = (counts_E, offsets_E1, sorted_pair_S, pair_pos_S)
+    T, D = x_TD.shape
+    E, F = w_down_EFD.shape[:2]
+    top_k = topk_weights_TK.shape[1]
+    S = T * top_k
+    flags = _flags(x_TD.dtype) | {"WIDE": _wide(S, T, D, F, E)}
+    route_w_S = topk_weights_TK.reshape(-1).contiguous()
+    e_pow2 = triton.next_power_of_2(E)
+
+    # dgu (S, 2F) and the routing-weight grad, in per-F-tile partials (fp32; zeroed for the autotuner)
+    min_block_n = min(c.kwargs["BLOCK_N"] for c in kernels.down_bwd_kernel.configs)
+    n_part = triton.cdiv(F, min_block_n)
+    dw_part_SP = torch.zeros(S, n_part, dtype=torch.float32, device=x_TD.device)
+    dgu_S2F = torch.empty_like(gu_S2F)
+    hw_SF = torch.empty(S, F, dtype=gu_S2F.dtype, device=gu_S2F.device)  # w * h: dW_down's A operand
+    kernels.down_bwd_kernel[_row_grid(S, E, F)](
+        dy_TD, w_down_EFD, gu_S2F, route_w_S, dgu_S2F, hw_SF, dw_part_SP, sorted_pair_S, counts_E,
+        E, D, F, dy_TD.stride(0), *w_down_EFD.stride(), n_part,
+        TOP_K=top_k, E_POW2=e_pow2, **flags, **configs.tile_order(),
+    )  # fmt: skip
+    d_weights_TK = dw_part_SP.sum(1).to(topk_weights_TK.dtype).view_as(topk_weights_TK)
+
+    common = {"E": E, "top_k": top_k, "routing": routing, "flags": flags}
+    dw_down = _grouped_dw(
+        hw_SF, dy_TD, M=F, N=D, a_gather=False, b_gather=True, dtype=w_down_EFD.dtype, **common
+    )
+    del hw_SF
+    dw_gate_up = _grouped_dw(
+        x_TD, dgu_S2F, M=D, N=2 * F, a_gather=True, b_gather=False, dtype=w_gate_up_EDF2.dtype, **common
+    )  # fmt: skip
+    dx_SD = _grouped_gemm(dgu_S2F, w_gate_up_EDF2.transpose(1, 2), counts_E, flags)
+    dx_TD = _combine(dx_SD, routing, None, T, top_k, x_TD.dtype, flags["WIDE"])
+    return dx_TD, d_weights_TK, dw_gate_up, dw_down
+
+
+@_backward.register_fake
+def _(dy_TD, x_TD, topk_weights_TK, w_gate_up_EDF2, w_down_EFD, *saved):
+    return (
+        torch.empty_like(x_TD),
+        torch.empty_like(topk_weights_TK),
+        torch.empty_like(w_gate_up_EDF2),
+        torch.empty_like(w_down_EFD),
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    x_TD, _, topk_weights_TK, w_gate_up_EDF2, w_down_EFD = inputs
+    ctx.save_for_backward(x_TD, topk_weights_TK, w_gate_up_EDF2, w_down_EFD, *output[1:])
+
+
+def _autograd(ctx, dy_TD, *_unused):
+    dx, d_weights, dw_gate_up, dw_down = _backward(dy_TD.contiguous(), *ctx.saved_tensors)
+    return dx, None, d_weights, dw_gate_up, dw_down
+
+
+_forward.register_autograd(_autograd, setup_context=_setup_context)
 
 
 def expert_mlp_triton(x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD) -> torch.Tensor:
@@ -205,4 +266,4 @@ def expert_mlp_triton(x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down
         )
     if x_TD.shape[0] == 0:
         return torch.zeros_like(x_TD)  # as the loop backend
-    return _ExpertMLP.apply(x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD)
+    return _forward(x_TD.contiguous(), topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD)[0]
