@@ -183,11 +183,17 @@ class SlurmExecutorConfig:
 
 @dataclass
 class RayExecutorConfig:
-    """data/executor=ray: datatrove's RayPipelineExecutor (needs `pip install ray`, not a dependency)."""
+    """data/executor=ray: datatrove's RayPipelineExecutor (the `ray` extra: `make setup` installs it)."""
 
-    address: str = ""  # ray.init(address=...): "" = start a local Ray, "auto" = the running cluster
+    # ray.init(address=...): "" = a private Ray on 127.0.0.1 for this run, stopped after it; "auto" = the
+    # running cluster; or ray://host:10001
+    address: str = ""
+    num_cpus: int = 0  # the private Ray only: CPUs it may use; 0 = every CPU of this machine
+    # the private Ray only: its shared-memory object store, GiB (Ray's floor is 75 MiB). Only each pass's
+    # pickled pipeline travels through it (KiBs); documents are read and written on shared storage.
+    object_store_gb: float = 0.5
     cpus_per_task: int = 1
-    mem_per_cpu_gb: float = 2.0
+    mem_per_cpu_gb: float = 2.0  # Ray's memory resource reserved per CPU of a task, GiB
 
 
 @dataclass
@@ -436,7 +442,7 @@ class ParallelConfig:
     dp_shard: int = -1  # FSDP sharding degree; -1 = world size / dp_replicate
     ep: int = 1  # expert-parallel degree: experts are split over this many ranks
     activation_checkpointing: str = "none"  # "none" | "full" (every block) | "selective" (every 2nd block)
-    compile: bool = False  # torch.compile each block (after checkpointing, before FSDP)
+    compile: bool = False  # torch.compile each block as one graph (one process, or FSDP2 after checkpointing)
     param_dtype: str = "float32"  # FSDP2 compute dtype of the parameters ("bfloat16" on GPUs); reduce: fp32
 
 

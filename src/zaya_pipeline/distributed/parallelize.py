@@ -42,6 +42,7 @@ def parallelize_zaya(model: nn.Module, mesh, cfg: ParallelConfig) -> nn.Module:
 
     from zaya_pipeline.distributed.expert_parallel import apply_expert_parallel
     from zaya_pipeline.model.moe import MoE
+    from zaya_pipeline.model.transformer import compile_blocks
 
     if cfg.activation_checkpointing not in AC_MODES:
         raise ConfigError(
@@ -58,8 +59,7 @@ def parallelize_zaya(model: nn.Module, mesh, cfg: ParallelConfig) -> nn.Module:
     if cfg.activation_checkpointing != "none":
         _checkpoint_blocks(model, cfg.activation_checkpointing)
     if cfg.compile:
-        for block in model.blocks:
-            block.compile()
+        compile_blocks(model, fullgraph=ep == 1)
 
     mesh["dp_shard_out_ep", "ep"]._flatten("dp_shard")  # non-expert weights shard over both
     dp_mesh = mesh["dp_replicate", "dp_shard"]

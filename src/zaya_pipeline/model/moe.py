@@ -45,7 +45,8 @@ def within_capacity(topk_ids_TK: torch.Tensor, num_experts: int, capacity_factor
     T, K = topk_ids_TK.shape
     capacity = math.ceil(capacity_factor * T * K / num_experts)
     flat_S = topk_ids_TK.t().reshape(-1)
-    onehot_SE = F.one_hot(flat_S, num_classes=num_experts + 1)[:, :num_experts]
+    # a comparison, not F.one_hot: one_hot checks the ids' range on the host (a sync per call)
+    onehot_SE = (flat_S[:, None] == torch.arange(num_experts, device=flat_S.device)).long()
     position_S = (onehot_SE.cumsum(dim=0) * onehot_SE).sum(dim=1)  # 1-based place in its expert's queue
     return (position_S <= capacity).view(K, T).t()
 

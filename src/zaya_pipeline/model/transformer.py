@@ -90,6 +90,14 @@ class Block(nn.Module):
         return self.moe_add(x_BTD, moe.y_BTD), moe
 
 
+def compile_blocks(model: ZayaLM, fullgraph: bool = True) -> None:
+    """``torch.compile`` each block in place (state-dict keys unchanged). ``fullgraph``: a graph break is an
+    error, not a silent split (every block variant compiles as one graph: tests/model/test_compile.py);
+    expert parallelism's all-to-all needs host-side split sizes, so it compiles with ``fullgraph=False``."""
+    for block in model.blocks:
+        block.compile(fullgraph=fullgraph)
+
+
 class ZayaLM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from zaya_pipeline.config import ModelConfig, ParallelConfig, TrainConfig
-from zaya_pipeline.model.transformer import LMOutput, ZayaLM
+from zaya_pipeline.model.transformer import LMOutput, ZayaLM, compile_blocks
 from zaya_pipeline.train.optim import build_optimizer, build_scheduler, full_batch
 from zaya_pipeline.train.stability import SpikeGuard
 from zaya_pipeline.utils import get_logger
@@ -43,9 +43,11 @@ class ZayaLitModule(L.LightningModule):
         train_cfg: TrainConfig,
         world_size: int = 1,
         parallel_cfg: ParallelConfig | None = None,
+        compile_blocks: bool = False,
     ):
         super().__init__()
         self.parallel_cfg = parallel_cfg  # set with parallel.strategy=fsdp2: configure_model parallelizes
+        self.compile_blocks = compile_blocks  # one process (parallel.compile): each block as one graph
         self.automatic_optimization = False
         self.model_cfg = model_cfg
         self.train_cfg = train_cfg
@@ -54,11 +56,17 @@ class ZayaLitModule(L.LightningModule):
         self.guard = SpikeGuard(train_cfg.stability)
         self.batches_consumed = 0  # the data position: the next training batch to draw
         self.parallelized = False
+        self.compiled = False
 
     def configure_model(self) -> None:
         """Under ``distributed.strategy.ZayaParallelStrategy``: EP, checkpointing, compile, FSDP2."""
         mesh = getattr(self, "_device_mesh", None)
-        if self.parallel_cfg is None or mesh is None or self.parallelized:
+        if self.parallel_cfg is None or mesh is None:
+            if self.compile_blocks and not self.compiled:  # one process: compile, nothing to shard
+                compile_blocks(self.model, fullgraph=True)
+                self.compiled = True
+            return
+        if self.parallelized:
             return
         from zaya_pipeline.distributed.parallelize import parallelize_zaya
 
@@ -102,9 +110,13 @@ class ZayaLitModule(L.LightningModule):
         else:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         # Every rank must take the same decision: decide on the all-rank mean loss and max grad norm.
+        # The one host read of the step (profiling.HostSyncs; tests/train/test_host_syncs.py): the guard
+        # decides on the host whether the update applies.
         reduce = self.trainer.strategy.reduce
-        mean_ce = float(reduce(ce.clone(), reduce_op="mean"))
-        norm = float(reduce(grad_norm.detach().clone().float(), reduce_op="max"))
+        stats = torch.stack(
+            [reduce(ce.clone(), reduce_op="mean"), reduce(grad_norm.detach().float(), reduce_op="max")]
+        )
+        mean_ce, norm = stats.tolist()
         apply, spike = self.guard.decide(mean_ce, norm)
         if apply:
             opt.step()

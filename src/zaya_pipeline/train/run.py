@@ -368,7 +368,7 @@ def build(plan: TrainPlan, telemetry: Telemetry, root: Path, tracker: tuple[Any,
         torch.set_num_threads(t.num_threads)
     L.seed_everything(t.seed, workers=True, verbose=False)
     data = TokenDataModule(cfg.paths.tokens, t, model.vocab_size, plan.world)
-    module = ZayaLitModule(model, t, plan.world, cfg.parallel if plan.fsdp2 else None)
+    module = ZayaLitModule(model, t, plan.world, cfg.parallel if plan.fsdp2 else None, cfg.parallel.compile)
     log.info(
         "model %s: %.2fM params (%.2fM active per token), vocab %d; %d steps of %d x %d tokens",
         *(model.name, plan.sizes["params_total"] / 1e6, plan.sizes["params_active"] / 1e6, model.vocab_size),

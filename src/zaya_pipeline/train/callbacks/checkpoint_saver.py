@@ -54,9 +54,10 @@ class CheckpointSaver(L.Callback):
         self._sigterm = True
 
     def _any_rank_terminated(self, trainer: L.Trainer) -> bool:
+        if trainer.world_size == 1 or not dist.is_initialized():
+            return self._sigterm  # one process: the flag itself, no device round trip
         flag = torch.tensor(float(self._sigterm), device=trainer.strategy.root_device)
-        if trainer.world_size > 1 and dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank must stop at the same step
         return bool(flag.item())
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:

@@ -37,13 +37,13 @@ class ExpertLoad(TelemetryCallback):
     def add(self, outputs: dict) -> None:
         counts_LE = outputs["expert_counts_LE"]
         self._counts_LE = counts_LE.clone() if self._counts_LE is None else self._counts_LE + counts_LE
-        self._dropped += int(outputs["dropped_slots"])
+        self._dropped = self._dropped + outputs["dropped_slots"].detach()  # on the device until emit
 
     def emit(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> dict[str, float]:
         counts_LE = trainer.strategy.reduce(self._counts_LE.float(), reduce_op="sum")
         frac_LE = counts_LE / counts_LE.sum(dim=1, keepdim=True)
         slots = float(counts_LE[0].sum())  # (token, slot) pairs routed per layer in this interval
-        dropped = reduce_sum(trainer, self._dropped)
+        dropped = reduce_sum(trainer, float(self._dropped))
         metrics = {"train/dropped_frac": dropped / max(slots * counts_LE.shape[0], 1.0)}
         num_experts = frac_LE.shape[1] - int(self.skip_expert)
         for layer, frac_E in enumerate(frac_LE.tolist()):

@@ -68,8 +68,8 @@ class LossCurve(TelemetryCallback):
         return [(step, loss, lr, tokens_per_s[step]) for step, loss, lr in self.rows]
 
     def add(self, outputs: dict) -> None:
-        for key in ("ce", "aux", "z_loss"):
-            self._sums[key] += float(outputs[key])
+        for key in ("ce", "aux", "z_loss"):  # summed on the device, read once per log interval (emit)
+            self._sums[key] = self._sums[key] + outputs[key].detach().float()
         if math.isfinite(outputs["grad_norm"]):
             self._sums["grad_norm"] += outputs["grad_norm"]
             self._finite_norms += 1
@@ -80,13 +80,13 @@ class LossCurve(TelemetryCallback):
     def emit(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> dict[str, float]:
         self.skipped_steps += int(reduce_sum(trainer, self._skipped) / trainer.world_size)
         self.spikes += int(reduce_sum(trainer, self._spikes)) // trainer.world_size
-        loss = reduce_mean(trainer, self._sums["ce"] / self._batches)
+        loss = reduce_mean(trainer, float(self._sums["ce"]) / self._batches)
         groups = trainer.optimizers[0].param_groups
         lr = groups[0]["lr"]  # the LR this step used (the scheduler steps after)
         metrics = {
             "train/loss": loss,
-            "train/aux_loss": reduce_mean(trainer, self._sums["aux"] / self._batches),
-            "train/z_loss": reduce_mean(trainer, self._sums["z_loss"] / self._batches),
+            "train/aux_loss": reduce_mean(trainer, float(self._sums["aux"]) / self._batches),
+            "train/z_loss": reduce_mean(trainer, float(self._sums["z_loss"]) / self._batches),
             "train/grad_norm": self._sums["grad_norm"] / max(self._finite_norms, 1),
             "train/lr": lr,
             "train/skipped_steps": float(self.skipped_steps),
