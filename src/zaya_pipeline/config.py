@@ -411,7 +411,9 @@ class TrainConfig:
     val_every: int = 100  # batches between validation passes
     val_batches: int = 8  # batches per validation pass
     log_every: int = 10  # steps between logged train metrics
-    precision: str = "32-true"  # Lightning precision: one of PRECISIONS ("32-true", "bf16-mixed", ...)
+    # Lightning precision (PRECISIONS: "32-true", "bf16-mixed", ...) or "bf16-master": bf16 weights with fp32
+    # master copies on one process (train/precision.py; the choice for one GPU, docs/training.md)
+    precision: str = "32-true"
     num_threads: int = 0  # torch CPU threads; 0 = leave torch's default
     deterministic: bool = False  # torch deterministic algorithms (slower; bitwise-repeatable on one device)
     checkpoint_every: int = 0  # steps between checkpoints (paths.checkpoints/step<N>, DCP); 0 = none
@@ -424,8 +426,8 @@ class TrainConfig:
     data: TrainDataConfig = field(default_factory=TrainDataConfig)
 
     def validate(self) -> None:
-        if self.precision not in PRECISIONS:
-            choices = ", ".join(PRECISIONS)
+        if self.precision not in (*PRECISIONS, "bf16-master"):
+            choices = ", ".join((*PRECISIONS, "bf16-master"))
             raise ConfigError(f"train.precision: unknown value {self.precision!r}; choose one of {choices}")
 
 

@@ -39,6 +39,7 @@ PRECISIONS = {
     "bf16-mixed": (4, True),
     "16-mixed": (4, True),
     "bf16-true": (2, False),
+    "bf16-master": (4, False),  # fp32 masters + a bf16 copy (counted with the weights) for compute
     "16-true": (2, False),
 }
 FP32, INDEX = 4, 8  # router probabilities / losses are fp32; routing indices int64

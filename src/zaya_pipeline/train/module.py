@@ -9,6 +9,7 @@ optimizer, scheduler and router-bias updates. A checkpoint also holds the data p
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import lightning as L
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from zaya_pipeline.config import ModelConfig, ParallelConfig, TrainConfig
 from zaya_pipeline.model.transformer import LMOutput, ZayaLM, compile_blocks
 from zaya_pipeline.train.optim import build_optimizer, build_scheduler, full_batch
+from zaya_pipeline.train.precision import BF16_MASTER, Bf16Weights
 from zaya_pipeline.train.stability import SpikeGuard
 from zaya_pipeline.utils import get_logger
 
@@ -54,6 +56,8 @@ class ZayaLitModule(L.LightningModule):
         self.world_size = world_size
         self.model = ZayaLM(model_cfg)
         self.guard = SpikeGuard(train_cfg.stability)
+        # bf16-master: the forward/backward run on bf16 copies of the fp32 weights (train/precision.py)
+        self.bf16_weights = Bf16Weights(self.model) if train_cfg.precision == BF16_MASTER else None
         self.batches_consumed = 0  # the data position: the next training batch to draw
         self.parallelized = False
         self.compiled = False
@@ -87,21 +91,9 @@ class ZayaLitModule(L.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> dict:
         opt, sched = self.optimizers(), self.lr_schedulers()
-        ids_BT, labels_BT = batch["input_ids"], batch["labels"]
-        B, mb = ids_BT.shape[0], self.train_cfg.micro_batch
-        ce = aux = z = dropped = torch.zeros((), device=ids_BT.device)
-        counts_LE = None
-        for start in range(0, B, mb):
-            if self.parallelized:  # FSDP2: reduce-scatter the gradients once, after the last micro-batch
-                self.model.set_requires_gradient_sync(start + mb >= B)
-            rows = slice(start, start + mb)
-            out = self.model(ids_BT[rows], **boundary_kwargs(batch, rows))
-            chunk_ce = lm_loss(out.logits, labels_BT[start : start + mb])
-            share = min(mb, B - start) / B
-            self.manual_backward((chunk_ce + out.aux_loss) * share)
-            ce, aux = ce + chunk_ce.detach() * share, aux + out.aux_loss.detach() * share
-            z, dropped = z + out.z_loss * share, dropped + out.dropped_slots.detach()
-            counts_LE = out.expert_counts_LE if counts_LE is None else counts_LE + out.expert_counts_LE
+        B, labels_BT = batch["input_ids"].shape[0], batch["labels"]
+        with self.bf16_weights or contextlib.nullcontext():  # bf16-master: bf16 copies, fp32 grads after
+            ce, aux, z, dropped, counts_LE = self._forward_backward(batch)
         max_norm = self.train_cfg.optim.grad_clip or math.inf
         if self.parallelized:  # experts and the rest are DTensors on different meshes
             from zaya_pipeline.distributed.grad_norm import clip_grad_norm_
@@ -140,8 +132,29 @@ class ZayaLitModule(L.LightningModule):
             "source_counts": batch.get("source_counts", [B]),
         }
 
+    def _forward_backward(self, batch: dict):
+        """Forward and backward of every micro-batch of ``batch``: (ce, aux, z-loss, dropped slots, expert
+        counts), each summed over the micro-batches (losses weighted by their share of the batch)."""
+        ids_BT, labels_BT = batch["input_ids"], batch["labels"]
+        B, mb = ids_BT.shape[0], self.train_cfg.micro_batch
+        ce = aux = z = dropped = torch.zeros((), device=ids_BT.device)
+        counts_LE = None
+        for start in range(0, B, mb):
+            if self.parallelized:  # FSDP2: reduce-scatter the gradients once, after the last micro-batch
+                self.model.set_requires_gradient_sync(start + mb >= B)
+            rows = slice(start, start + mb)
+            out = self.model(ids_BT[rows], **boundary_kwargs(batch, rows))
+            chunk_ce = lm_loss(out.logits, labels_BT[start : start + mb])
+            share = min(mb, B - start) / B
+            self.manual_backward((chunk_ce + out.aux_loss) * share)
+            ce, aux = ce + chunk_ce.detach() * share, aux + out.aux_loss.detach() * share
+            z, dropped = z + out.z_loss * share, dropped + out.dropped_slots.detach()
+            counts_LE = out.expert_counts_LE if counts_LE is None else counts_LE + out.expert_counts_LE
+        return ce, aux, z, dropped, counts_LE
+
     def validation_step(self, batch: dict, batch_idx: int) -> dict:
-        ce = lm_loss(self.model(batch["input_ids"], **boundary_kwargs(batch)).logits, batch["labels"])
+        with self.bf16_weights or contextlib.nullcontext():
+            ce = lm_loss(self.model(batch["input_ids"], **boundary_kwargs(batch)).logits, batch["labels"])
         return {"ce": ce, "tokens": batch["labels"].numel()}
 
     def configure_optimizers(self) -> dict:

@@ -59,6 +59,7 @@ from zaya_pipeline.train.optim import (
     check_schedule,
     planned_schedule,
 )
+from zaya_pipeline.train.precision import lightning_precision
 from zaya_pipeline.train.stability import SpikeGuard
 from zaya_pipeline.utils import (
     atomic_dir,
@@ -202,6 +203,11 @@ def check_build(model: ModelConfig, cfg: ZayaConfig, world: int) -> dict[str, st
     check_boundary_mode(cfg.train.data.doc_boundaries)
     if cfg.parallel.strategy == "fsdp2":
         mesh_sizes(cfg.parallel, world, model.moe.num_experts)
+        if cfg.train.precision == "bf16-master":
+            raise ConfigError(
+                "train.precision=bf16-master is for one process; with parallel.strategy=fsdp2 set "
+                "parallel.param_dtype=bfloat16 (FSDP2 keeps the fp32 masters) and train.precision=32-true"
+            )
     return group_params(shapes_only, cfg.train.optim)
 
 
@@ -390,7 +396,7 @@ def _trainer(cfg: ZayaConfig, logger, callbacks: list, root: Path):
         devices=cfg.parallel.devices,
         num_nodes=cfg.parallel.num_nodes,
         strategy=_strategy(cfg),
-        precision=t.precision,
+        precision=lightning_precision(t.precision),
         max_steps=t.max_steps,
         deterministic=t.deterministic,
         val_check_interval=t.val_every,  # batches (= steps unless updates are skipped)

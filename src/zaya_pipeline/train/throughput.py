@@ -79,6 +79,7 @@ _MATMUL_DTYPE = {
     "32": "fp32",
     "bf16-mixed": "bf16",
     "bf16-true": "bf16",
+    "bf16-master": "bf16",
     "bf16": "bf16",
     "16-mixed": "fp16",
     "16-true": "fp16",
