@@ -1,5 +1,9 @@
 """Training throughput and MFU of one device: a ``model=<preset>`` ZayaLM trained with fused AdamW on random
-tokens (the data pipeline is not what this measures), in bf16 autocast on a GPU or fp32 on a CPU.
+tokens (the data pipeline is not what this measures): on a GPU in bf16 weights with fp32 masters
+(``--precision bf16-master``, the training default there; ``bf16-mixed`` = autocast), fp32 on a CPU.
+``--compile`` compiles each block as one graph (fullgraph, as ``parallel.compile``); ``--layers`` cuts the
+preset's depth (a ZAYA1-width model that fits one GPU: ``--model zaya1_base --layers 4``); ``--sync-debug``
+runs the timed steps under ``torch.cuda.set_sync_debug_mode("error")``: a host sync in the step fails it.
 
 MFU counts training FLOPs as 3 × ``model.params.forward_flops_per_token`` (active parameters plus attention,
 the PaLM convention) against ``train.throughput.resolve_peak`` (the datasheet table for MI300X / H100 /
@@ -16,6 +20,7 @@ over ``--steps`` steps, with a device sync per step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import shlex
@@ -42,14 +47,21 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--backend", default="auto", help="model.moe.expert_backend")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model (not the optimizer)")
+    p.add_argument(
+        "--compile", action="store_true", help="torch.compile each block (fullgraph), not the optimizer"
+    )
+    p.add_argument("--precision", choices=["auto", "bf16-master", "bf16-mixed", "32-true"], default="auto",
+                   help="auto: bf16-master on a GPU, 32-true on a CPU")  # fmt: skip
+    p.add_argument("--layers", type=int, default=0, help="override the preset's n_layers (0: keep)")
+    p.add_argument("--sync-debug", action="store_true", help="CUDA: error on any host sync in a timed step")
     p.add_argument("--profile", default="", help="also profile one step; write its top kernels here")
     p.add_argument("--out", default="")
     args = p.parse_args()
 
     from zaya_pipeline.config import load_config
     from zaya_pipeline.model.sizing import forward_flops_per_token, num_active_params
-    from zaya_pipeline.model.transformer import ZayaLM
+    from zaya_pipeline.model.transformer import ZayaLM, compile_blocks
+    from zaya_pipeline.train.precision import Bf16Weights
     from zaya_pipeline.train.throughput import mfu, resolve_peak
 
     device = torch.device(args.device)
@@ -58,21 +70,27 @@ def main() -> None:
         f"model.vocab_size={args.vocab}",
         f"model.moe.expert_backend={args.backend}",
     ]
+    if args.layers:
+        overrides.append(f"model.n_layers={args.layers}")
     cfg = load_config([*overrides, f"model.max_seq_len={max(args.seq_len, 1)}"]).model
     torch.manual_seed(0)
     with device:  # initialised where it runs: a 1B-parameter init on the host alone takes ~15 s
         model = ZayaLM(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-    forward = torch.compile(model) if args.compile else model
-    bf16 = device.type == "cuda"
-    precision = "bf16-mixed" if bf16 else "32-true"
+    if args.compile:
+        compile_blocks(model, fullgraph=True)
+    precision = args.precision
+    if precision == "auto":
+        precision = "bf16-master" if device.type == "cuda" else "32-true"
+    weights = Bf16Weights(model) if precision == "bf16-master" else contextlib.nullcontext()
+    autocast = precision == "bf16-mixed"
     ids = torch.randint(0, args.vocab, (args.batch, args.seq_len + 1), device=device)
 
     def step() -> None:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            out = forward(ids[:, :-1])
+        with weights, torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            out = model(ids[:, :-1])
             loss = F.cross_entropy(out.logits.flatten(0, 1).float(), ids[:, 1:].flatten()) + out.aux_loss
-        loss.backward()
+            loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         model.update_router_biases(lambda t: t)
@@ -87,7 +105,13 @@ def main() -> None:
     times = []
     for i in range(args.steps):
         t0 = time.perf_counter()
-        step()
+        if args.sync_debug and device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            step()
+        finally:
+            if args.sync_debug and device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
         sync()
         times.append(time.perf_counter() - t0)
         print(f"step {i + 1}/{args.steps}: {times[-1] * 1e3:.1f} ms", flush=True)
@@ -108,6 +132,8 @@ def main() -> None:
         "model": args.model,
         "expert_backend": args.backend,
         "compiled": args.compile,
+        "n_layers": cfg.n_layers,
+        "sync_debug": args.sync_debug and device.type == "cuda",
         "params_active": num_active_params(cfg),
         "precision": precision,
         "tokens_per_step": tokens,

@@ -19,6 +19,7 @@ PROJECT_ENV = {
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DVC_NO_ANALYTICS": "1",
     "DO_NOT_TRACK": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",  # Ray reports usage to ray.io by default and ignores DO_NOT_TRACK
     "TOKENIZERS_PARALLELISM": "false",
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
 }

@@ -1,24 +1,30 @@
 """Where the curate passes run: ``data.executor.type`` = ``local`` | ``slurm`` | ``ray`` (datatrove).
 
 * local: ``LocalPipelineExecutor``, ``workers`` processes, one pass after the other in this process.
-* ray: ``RayPipelineExecutor`` on ``ray.init(address=data.executor.ray.address)``; blocking like local.
+* ray: ``RayPipelineExecutor``; blocking like local. ``data.executor.ray.address`` joins a running Ray;
+  without one a private Ray starts on 127.0.0.1 for the run and is stopped after it (``ray_session``).
 * slurm: ``SlurmPipelineExecutor``, one job array per pass, each depending on the one before, and a last job
   (one task) that checks the accounting and writes the report. Submission returns at once; with
   ``data.executor.slurm.wait`` the caller polls ``squeue`` until that last job has marked itself completed.
 
 Every executor keeps datatrove's completion markers (``<logs>/<pass>/completions/<rank>``) and skips the
 tasks that have one, which is how a rerun after a crash resumes (``curate.py`` decides when markers are kept).
+A blocking pass is done when every task has its marker: datatrove's Ray executor only logs a warning when a
+task fails, so ``run_blocking`` checks the markers and stops the run there.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from zaya_pipeline.config import ExecutorConfig
+from zaya_pipeline.config import ExecutorConfig, RayExecutorConfig
 from zaya_pipeline.data.datatrove_parts import run_explained
 from zaya_pipeline.errors import ConfigError, DataError
 from zaya_pipeline.progress import Progress
@@ -38,9 +44,13 @@ def check_executor(e: ExecutorConfig) -> None:
         raise ConfigError("data.executor.slurm.partition is required with data/executor=slurm")
     if e.type == "ray" and importlib.util.find_spec("ray") is None:
         raise ConfigError(
-            "data.executor.type=ray needs the `ray` package, which zaya_pipeline does not install: "
-            "`pip install 'ray[default]'` here (and on the cluster), or use data/executor=local"
+            "data.executor.type=ray needs the `ray` package: `make setup` installs it (the `ray` extra: "
+            "`pip install -e '.[ray]'`; on a cluster, on every node), or use data/executor=local"
         )
+    if e.type == "ray" and e.ray.num_cpus < 0:
+        raise ConfigError(f"data.executor.ray.num_cpus={e.ray.num_cpus}: a number of CPUs, or 0 for all")
+    if e.type == "ray" and e.ray.object_store_gb < 0.1:
+        raise ConfigError(f"data.executor.ray.object_store_gb={e.ray.object_store_gb}: at least 0.1 (GiB)")
 
 
 def make_executor(e: ExecutorConfig, pipeline: list, tasks: int, logging_dir: Path, name: str, depends=None):
@@ -83,22 +93,61 @@ def make_executor(e: ExecutorConfig, pipeline: list, tasks: int, logging_dir: Pa
     )
 
 
-def run_blocking(e: ExecutorConfig, passes: list, logs: Path) -> None:
-    """Run the passes one after the other (local, ray), logging each one's time."""
-    if e.type == "ray":
-        import ray
+@contextmanager
+def ray_session(r: RayExecutorConfig) -> Iterator[None]:
+    """Ray for one run: join ``data.executor.ray.address``, or start a private Ray on 127.0.0.1 (``num_cpus``,
+    ``object_store_gb``, no dashboard); disconnect (a private one: stop it) afterwards. A Ray this process
+    has already joined is used as it is and left running."""
+    if not r.address:
+        # Given 127.0.0.1, ray.init still binds every server to the machine's routable address, unless Ray's
+        # cluster mode is off; Ray reads this switch when it is first imported (workers inherit it).
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
 
-        if not ray.is_initialized():
-            ray.init(address=e.ray.address or None)
-    with Progress(len(passes), "curate", "pass", logger=log, every_s=0) as bar:  # a line per pass
+    if ray.is_initialized():
+        yield
+        return
+    if r.address:
+        ray.init(address=r.address)
+        log.info("curate: joined the Ray cluster at %s", r.address)
+    else:
+        ctx = ray.init(
+            address="local",  # never RAY_ADDRESS or a cluster found on this machine
+            num_cpus=r.num_cpus or None,
+            object_store_memory=int(r.object_store_gb * 2**30),
+            include_dashboard=False,
+        )
+        log.info(
+            "curate: started a private Ray on %s (%d CPUs; logs under %s)",
+            ctx.address_info["node_ip_address"],
+            ray.cluster_resources().get("CPU", 0),
+            ctx.address_info["session_dir"],
+        )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def run_blocking(e: ExecutorConfig, passes: list, logs: Path) -> None:
+    """Run the passes one after the other (local, ray), logging each one's time; stop at a pass that left a
+    task without its completion marker."""
+    with (
+        ray_session(e.ray) if e.type == "ray" else nullcontext(),
+        Progress(len(passes), "curate", "pass", logger=log, every_s=0) as bar,  # a line per pass
+    ):
         for i, p in enumerate(passes, 1):
             t0 = time.monotonic()
             log.info("curate pass %d/%d %s: %d task(s) ...", i, len(passes), p.name, p.tasks)
-            run_explained(
-                make_executor(e, p.pipeline, p.tasks, logs / p.name, p.name),
-                f"curate pass {p.name}",
-                logs / p.name,
-            )
+            executor = make_executor(e, p.pipeline, p.tasks, logs / p.name, p.name)
+            run_explained(executor, f"curate pass {p.name}", logs / p.name)
+            failed = executor.get_incomplete_ranks(range(p.tasks))
+            if failed:
+                tasks = ", ".join(map(str, failed))
+                raise DataError(
+                    f"curate pass {p.name} failed: task(s) {tasks} of {p.tasks} did not complete (task logs: "
+                    f"{logs / p.name / 'logs'}); fix it and rerun `zaya curate`: completed tasks are skipped"
+                )
             bar.update(1, last=p.name, took=f"{time.monotonic() - t0:.1f}s")
 
 
