@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# The one GPU check, for a CUDA or ROCm machine (the step timeouts total 550 s; run it under a 600 s limit):
-#   1. prints the accelerator (nvidia-smi / rocm-smi) and the python, torch and triton versions;
-#   2. train-mfu: training throughput and MFU of model=small on one device, bf16 autocast, the default
-#      expert backend, plus a profile of one step (timeout 60 s) -> train_mfu_gpu.json, train_mfu_gpu_profile.txt
-#      (issue 6 target: MFU >= 40% on an H200);
-#   3. train-mfu-triton: step 2 with model.moe.expert_backend=triton (timeout 60 s) -> train_mfu_gpu_triton.json;
-#   4. gpu-tests: pytest -m gpu tests/ops, the ZAYA1-shape parity first, one kernel config per kernel
-#      (ZAYA_TRITON_AUTOTUNE=0; timeouts 60 + 150 s; each kernel specialisation compiles, ~20 s per case);
-#   5. train-mfu-compile: step 2 under torch.compile (timeout 100 s) -> train_mfu_gpu_compile.json;
-#   6. benchmark: the expert MLP at the zaya1 shape, every backend, autotuned (timeout 120 s)
-#      -> expert_mlp_gpu.json.
-# GPU_STEPS="train-mfu gpu-tests" runs only those (default: all). A failed step is reported and the later
-# steps still run; the exit status is nonzero if any step failed. Outputs go to ${OUT:-benchmarks/results};
-# the whole log to gpu_check.log there as well.
+# The one GPU check, for a CUDA or ROCm machine. Two calls of under 600 s each cover everything:
+#     GPU_STEPS="train-mfu train-mfu-autocast train-mfu-compile train-mfu-zaya1 train-mfu-zaya1-compile" scripts/gpu_check.sh
+#     GPU_STEPS="gpu-tests benchmark train-mfu-triton" scripts/gpu_check.sh
+# Steps:
+#   accelerator, versions: nvidia-smi / rocm-smi; python, torch and triton versions (always run);
+#   train-mfu: MFU of model=small on one device, bf16 weights with fp32 masters (train.precision=bf16-master,
+#     the default on GPUs), eager, plus a profile of one step -> train_mfu_gpu.json, train_mfu_gpu_profile.txt;
+#   train-mfu-autocast: the same with bf16 autocast (the earlier default; before/after) -> train_mfu_gpu_autocast.json;
+#   train-mfu-compile: small, each block compiled as one graph (fullgraph), every timed step under
+#     torch.cuda.set_sync_debug_mode("error"): a host sync in the step fails it -> train_mfu_gpu_compile.json;
+#   train-mfu-zaya1 / train-mfu-zaya1-compile: a ZAYA1-width model (model=zaya1_base: d_model 2048, 16 experts
+#     of 2048, top-1) cut to ZAYA1_LAYERS (4) layers, eager / compiled + sync debug -> train_mfu_gpu_zaya1*.json
+#     (issue 22: the floor is 30% MFU, the goal 50%);
+#   train-mfu-triton: small with model.moe.expert_backend=triton -> train_mfu_gpu_triton.json;
+#   gpu-tests: pytest -m gpu tests/ops, the ZAYA1-shape parity first, one kernel config per kernel
+#     (ZAYA_TRITON_AUTOTUNE=0; each kernel specialisation compiles, ~20 s per case);
+#   benchmark: the expert MLP at the zaya1 shape, every backend, autotuned, against the dense-GEMM bound
+#     -> expert_mlp_gpu.json (issue 20: triton forward+backward >= 70% of the dense bound, >= 1.3x grouped_mm).
+# GPU_STEPS unset runs them all (more than 600 s). A failed step is reported and the later steps still run;
+# the exit status is nonzero if any step failed. Outputs go to ${OUT:-benchmarks/results}; the whole log to
+# gpu_check.log there as well. The static kernel report needs no GPU: `zaya kernels` (docs/kernels.md).
 #
 # Python: $PY if set, else .venv/bin/python (created with `make setup` if missing). On a machine that already
 # has torch and triton but no registry (a lent GPU box), point PY at its python and put the project and the
@@ -80,6 +87,13 @@ train_mfu() {  # train_mfu TIMEOUT NAME [extra args]: model=small, 8 x 2048 toke
     --out "${OUT_DIR}/${name}.json" "$@"
 }
 
+zaya1_mfu() {  # zaya1_mfu TIMEOUT NAME [extra args]: ZAYA1 width, ZAYA1_LAYERS layers, 2 x 4096 tokens per step
+  local limit=$1 name=$2
+  shift 2
+  timeout "$limit" "$PY" benchmarks/train_mfu.py --device cuda --model zaya1_base --layers "${ZAYA1_LAYERS:-4}" \
+    --batch 2 --seq-len 4096 --steps 8 --warmup 3 --out "${OUT_DIR}/${name}.json" "$@"
+}
+
 gpu_tests() {
   # one config per kernel: autotuning every test shape would spend the budget compiling
   local rc=0
@@ -106,17 +120,26 @@ if command -v "$PY" >/dev/null; then
   if wanted train-mfu; then
     step train-mfu train_mfu "${MFU_TIMEOUT:-60}" train_mfu_gpu --profile "${OUT_DIR}/train_mfu_gpu_profile.txt"
   fi
+  if wanted train-mfu-autocast; then
+    step train-mfu-autocast train_mfu "${MFU_TIMEOUT:-60}" train_mfu_gpu_autocast --precision bf16-mixed
+  fi
+  if wanted train-mfu-compile; then
+    step train-mfu-compile train_mfu "${COMPILE_TIMEOUT:-120}" train_mfu_gpu_compile --compile --sync-debug
+  fi
+  if wanted train-mfu-zaya1; then
+    step train-mfu-zaya1 zaya1_mfu "${MFU_TIMEOUT:-90}" train_mfu_gpu_zaya1
+  fi
+  if wanted train-mfu-zaya1-compile; then
+    step train-mfu-zaya1-compile zaya1_mfu "${COMPILE_TIMEOUT:-150}" train_mfu_gpu_zaya1_compile --compile --sync-debug
+  fi
   if wanted train-mfu-triton; then
     step train-mfu-triton train_mfu "${MFU_TIMEOUT:-60}" train_mfu_gpu_triton --backend triton
   fi
   if wanted gpu-tests; then step gpu-tests gpu_tests; fi
-  if wanted train-mfu-compile; then
-    step train-mfu-compile train_mfu "${COMPILE_TIMEOUT:-100}" train_mfu_gpu_compile --compile
-  fi
   if wanted benchmark; then step benchmark benchmark; fi
 else
   echo "=== no ${PY}: skipping the python steps"
-  failed+=(versions train-mfu gpu-tests benchmark train-mfu-triton train-mfu-compile)
+  failed+=(versions python-steps)
 fi
 
 if ((${#failed[@]})); then

@@ -43,7 +43,9 @@ def steps(block, inputs):
     for x in inputs:
         y, moe = block(x)
         loss = y.float().square().mean() + moe.aux_loss
-        grads = torch.autograd.grad(loss, [p for p in block.parameters() if p.requires_grad], allow_unused=True)
+        grads = torch.autograd.grad(
+            loss, [p for p in block.parameters() if p.requires_grad], allow_unused=True
+        )
         out.append((loss.detach(), moe.num_tokens_per_expert_E.clone(), grads))
     return out
 

@@ -32,14 +32,14 @@ from zaya_pipeline.model.transformer import validate_model_config
 
 GB, MB = 1e9, 1e6  # decimal units, as the devices are sold
 DEVICES = {"MI300X": 192 * GB, "H200": 141 * GB, "H100": 80 * GB}  # memory per device
-# train.precision -> (bytes of a stored parameter, gradient and optimizer state; autocast to 16 bit?)
+# train.precision -> (bytes of a stored parameter, gradient and optimizer state; 16-bit weight copies?)
 PRECISIONS = {
     "32-true": (4, False),
     "32": (4, False),
     "bf16-mixed": (4, True),
     "16-mixed": (4, True),
     "bf16-true": (2, False),
-    "bf16-master": (4, False),  # fp32 masters + a bf16 copy (counted with the weights) for compute
+    "bf16-master": (4, True),  # fp32 masters + persistent bf16 copies (the "weight copies" row) for compute
     "16-true": (2, False),
 }
 FP32, INDEX = 4, 8  # router probabilities / losses are fp32; routing indices int64
@@ -328,7 +328,7 @@ def _step_rows(lay: Layout, cnt: Counts, states: int) -> dict[str, int]:
         "optimizer states": states * lay.param_bytes // shard,
         "FSDP unsharded weights + grads": live_fsdp,
         "FSDP accumulated unsharded grads": accumulated,
-        "autocast weight copies": local * 2 if lay.autocast else 0,
+        "autocast weight copies": local * 2 if lay.autocast else 0,  # or bf16-master's bf16 copies
     }
 
 
