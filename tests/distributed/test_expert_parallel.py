@@ -28,12 +28,15 @@ def tensors(seed=0):
     }
 
 
-def routed_ids(skewed: bool):
+def routed_ids(skewed: bool | str):
     g = torch.Generator().manual_seed(1)
     scores = torch.rand(WORLD * T_LOCAL, E, generator=g)
-    if skewed:  # every token picks experts 0 and 1: rank 1 (experts 2, 3) receives nothing
+    if skewed is True:  # every token picks experts 0 and 1: rank 1 (experts 2, 3) receives nothing
         scores[:, :2] += 2.0
-    return scores.topk(K, dim=1).indices
+    ids = scores.topk(K, dim=1).indices
+    if skewed == "no_expert":  # a third of the slots have no expert (id E: skipped or dropped), sent nowhere
+        ids = ids.masked_fill(torch.rand(ids.shape, generator=g) < 0.33, E)
+    return ids
 
 
 def mean_loss(y, cot):
@@ -57,7 +60,9 @@ def function_worker(rank, world, skewed, out):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("skewed", [False, True], ids=["balanced", "one_rank_gets_nothing"])
+@pytest.mark.parametrize(
+    "skewed", [False, True, "no_expert"], ids=["balanced", "one_rank_gets_nothing", "slots_with_no_expert"]
+)
 def test_expert_parallel_op_matches_one_process(tmp_path, skewed):
     out = str(tmp_path / "rank%d.pt")
     run_distributed(function_worker, WORLD, skewed, out)
@@ -72,7 +77,7 @@ def test_expert_parallel_op_matches_one_process(tmp_path, skewed):
         torch.testing.assert_close(torch.cat([g[key] for g in got]) / WORLD, leaf.grad, rtol=1e-5, atol=1e-6)
     for key, leaf in zip(("wgu", "wd"), leaves[2:], strict=True):
         torch.testing.assert_close(torch.cat([g[key] for g in got]), leaf.grad, rtol=1e-5, atol=1e-6)
-    if skewed:
+    if skewed is True:
         assert torch.count_nonzero(got[1]["wgu"]) == 0  # rank 1's experts saw no token: zero, not None
 
 
