@@ -209,6 +209,16 @@ def _kernels_command(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """``zaya <command>``. Ctrl-C exits with status 130 (128 + SIGINT) and one line: Python's own exit by
+    SIGINT is lost once torch's dynamo has registered its exit handlers (the first custom-op call does)."""
+    try:
+        _main(argv)
+    except KeyboardInterrupt:
+        print("error: interrupted (Ctrl-C)", file=sys.stderr)
+        sys.exit(130)
+
+
+def _main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     set_project_env()
     setup_logging()
