@@ -58,8 +58,9 @@ class CorpusConfig:
     # source=folder: longer documents are rejected (counted, kept in the rejects file), because the curate
     # filters tokenize a whole document in memory; 10M characters is far above Gopher's word limit. 0 = no cap
     max_doc_chars: int = 10_000_000
-    # WARC pages: "builtin" (html_text.py) or "trafilatura" (datatrove's extractor; trafilatura 1.x imports
-    # only with the lxml_html_clean package next to lxml >= 5.2, which the pinned environment ships)
+    # WARC pages: "builtin" (html_text.py: Resiliparse's main-content extraction plus HTML-semantics rules,
+    # as for the Debian pages; docs/data.md#html-to-text) or "trafilatura" (datatrove's extractor; 1.x
+    # imports only with the lxml_html_clean package next to lxml >= 5.2, which the pinned environment ships)
     html_extractor: str = "builtin"
     max_docs_per_source: int = 0  # cap per package / input file, for fast runs; 0 = no cap
     min_chars: int = 200  # pages with less extracted text than this (characters) are not documents
@@ -74,7 +75,8 @@ class CorpusConfig:
 
 
 def _default_curate_steps() -> dict[str, Any]:
-    """The default curation chain, as conf/data/default.yaml spells it out (a test keeps the two equal)."""
+    """The default curation chain, the web profile as conf/data/curate/web.yaml spells it out (a test keeps
+    the two equal; data/curate=docs|code_heavy pick the other profiles)."""
     return {
         "normalize": {
             "type": "normalize",

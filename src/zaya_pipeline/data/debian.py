@@ -12,10 +12,11 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from zaya_pipeline.data.html_text import html_to_text
+from zaya_pipeline.data.html_text import html_to_text, strip_template_lines
 from zaya_pipeline.errors import DataError
 from zaya_pipeline.utils import file_sha256, get_logger
 
@@ -148,32 +149,42 @@ def _doc_root(pages: list[Path]) -> Path:
     return Path(os.path.commonpath([p.parent for p in pages]))
 
 
-def deb_documents(deb: Deb, min_chars: int, max_docs: int) -> Iterator[dict]:
-    """One record per HTML page with at least ``min_chars`` characters of text, sorted by path."""
-    license_ = LICENSES.get(deb.name, UNKNOWN_LICENSE)
+@dataclass(frozen=True)
+class Page:
+    rel: str  # path under the package's documentation root (the document id is <package>/<rel>)
+    installed: str  # where the package installs it, e.g. /usr/share/doc/sqlite3/vtab.html
+    file: Path  # the unpacked copy
+
+
+@contextmanager
+def unpacked_pages(deb: Deb) -> Iterator[list[Page]]:
+    """The HTML pages of ``deb``, sorted by ``rel``, unpacked into a temporary folder removed on exit."""
     with tempfile.TemporaryDirectory(prefix=f"zaya-{deb.name}-") as tmp:
         proc = _run(["dpkg-deb", "-x", str(deb.path), tmp])
         if proc.returncode != 0:
             raise DataError(
                 f"dpkg-deb -x {deb.path} failed: {_last_error(proc)} (delete the cached file to refetch)"
             )
-        pages = sorted(Path(tmp).rglob("*.html"))
-        if not pages:
+        files = sorted(f for f in Path(tmp).rglob("*.html") if f.is_file())  # octave-doc has *.html folders
+        if not files:
             raise DataError(f"package {deb.name} ({deb.path}) contains no HTML pages")
-        root = _doc_root(pages)
-        rel_pages = sorted((p.relative_to(root).as_posix(), p) for p in pages)
-        kept = 0
-        for rel, page in rel_pages:
-            text = html_to_text(page.read_bytes())
-            if len(text) < min_chars:
-                continue
-            metadata = {
-                "source": deb.name,
-                "version": deb.version,
-                "path": "/" + page.relative_to(tmp).as_posix(),
-                "license": license_,
-            }
-            yield {"id": f"{deb.name}/{rel}", "text": text, "metadata": metadata}
-            kept += 1
-            if max_docs and kept >= max_docs:
-                break
+        root = _doc_root(files)
+        pages = [Page(f.relative_to(root).as_posix(), "/" + f.relative_to(tmp).as_posix(), f) for f in files]
+        yield sorted(pages, key=lambda p: p.rel)
+
+
+def deb_documents(deb: Deb, min_chars: int, max_docs: int) -> Iterator[dict]:
+    """One record per HTML page with at least ``min_chars`` characters of text, sorted by path. The
+    package's template lines (a tagline or project name atop every page) are stripped across its pages."""
+    license_ = LICENSES.get(deb.name, UNKNOWN_LICENSE)
+    with unpacked_pages(deb) as pages:
+        texts = strip_template_lines([html_to_text(page.file.read_bytes()) for page in pages])
+    kept = 0
+    for page, text in zip(pages, texts, strict=True):
+        if len(text) < min_chars:
+            continue
+        meta = {"source": deb.name, "version": deb.version, "path": page.installed, "license": license_}
+        yield {"id": f"{deb.name}/{page.rel}", "text": text, "metadata": meta}
+        kept += 1
+        if max_docs and kept >= max_docs:
+            break
