@@ -4,11 +4,9 @@ step the parameters are the fp32 masters (what checkpoints and the saved model h
 
 from __future__ import annotations
 
-import csv
-
 import pytest
 import torch
-from test_train_stage import debug_config
+from test_train_stage import debug_config, logged_losses
 
 from zaya_pipeline.config import ModelConfig, MoEConfig
 from zaya_pipeline.errors import ConfigError
@@ -37,17 +35,11 @@ def test_bf16_weights_swap_in_and_out():
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 
-def losses(root, tokens, *overrides):
-    cfg = debug_config(root, tokens, f"train.max_steps={STEPS}", "train.log_every=5", *overrides)
-    train(cfg)
-    with open(root / "reports" / "plots" / "train.csv") as f:
-        return [float(row["loss"]) for row in csv.DictReader(f)]
-
-
 @pytest.mark.slow
 def test_bf16_master_trains_like_fp32(tmp_path, token_dir):
-    fp32 = losses(tmp_path / "fp32", token_dir)
-    bf16 = losses(tmp_path / "bf16", token_dir, "train.precision=bf16-master")
+    common = (f"train.max_steps={STEPS}", "train.log_every=5")
+    fp32 = logged_losses(tmp_path / "fp32", token_dir, *common)
+    bf16 = logged_losses(tmp_path / "bf16", token_dir, *common, "train.precision=bf16-master")
     assert len(fp32) == len(bf16) == STEPS // 5
     assert bf16[-1] < bf16[0]  # it learns
     worst = max(abs(a - b) / a for a, b in zip(fp32, bf16, strict=True))

@@ -32,6 +32,13 @@ def debug_config(root: Path, tokens: Path, *overrides: str):
     )
 
 
+def logged_losses(root: Path, tokens: Path, *overrides: str) -> list[float]:
+    """Train the debug model with ``overrides`` and return the train losses it logged (plots/train.csv)."""
+    train(debug_config(root, tokens, *overrides))
+    with open(root / "reports" / "plots" / "train.csv") as f:
+        return [float(row["loss"]) for row in csv.DictReader(f)]
+
+
 def log_steps(cfg) -> list[int]:
     return list(range(cfg.train.log_every, cfg.train.max_steps + 1, cfg.train.log_every))
 
