@@ -353,17 +353,17 @@ def build_report(
     )
     results: list[Variant] = []
     t0 = time.perf_counter()
-    if jobs > 1:
-        import multiprocessing
+    with contextlib.ExitStack() as stack:
+        if jobs > 1:
+            import multiprocessing
 
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-            for i, v in enumerate(pool.map(_compile_job, range(len(_JOBS)), chunksize=4)):
-                results.append(v)
-                if (i + 1) % 25 == 0:
-                    progress(f"  {i + 1}/{len(_JOBS)} compiled ({time.perf_counter() - t0:.0f} s)")
-    else:
-        for i in range(len(_JOBS)):
-            results.append(_compile_job(i))
+            fork = multiprocessing.get_context("fork")
+            pool = stack.enter_context(ProcessPoolExecutor(jobs, mp_context=fork))
+            compiled = pool.map(_compile_job, range(len(_JOBS)), chunksize=4)
+        else:
+            compiled = map(_compile_job, range(len(_JOBS)))
+        for i, v in enumerate(compiled):
+            results.append(v)
             if (i + 1) % 25 == 0:
                 progress(f"  {i + 1}/{len(_JOBS)} compiled ({time.perf_counter() - t0:.0f} s)")
     for v, shape_names in zip(results, owners, strict=True):
