@@ -1,6 +1,8 @@
 """Training throughput and MFU of one device: a ``model=<preset>`` ZayaLM trained with fused AdamW on random
-tokens (the data pipeline is not what this measures): on a GPU in bf16 weights with fp32 masters
-(``--precision bf16-master``, the training default there; ``bf16-mixed`` = autocast), fp32 on a CPU.
+tokens (the data pipeline is not what this measures), each step as the train stage's (grad clipping, the
+spike guard's decision and the optimizer's skip on the device, the router-bias update): on a GPU in bf16
+weights with fp32 masters (``--precision bf16-master``, the training default there; ``bf16-mixed`` =
+autocast), fp32 on a CPU.
 ``--compile`` compiles each block as one graph (fullgraph, as ``parallel.compile``); ``--layers`` cuts the
 preset's depth (a ZAYA1-width model that fits one GPU: ``--model zaya1_base --layers 4``); ``--sync-debug``
 runs the timed steps under ``torch.cuda.set_sync_debug_mode("error")``: a host sync in the step fails it.
@@ -58,10 +60,12 @@ def main() -> None:
     p.add_argument("--out", default="")
     args = p.parse_args()
 
-    from zaya_pipeline.config import load_config
+    from zaya_pipeline.config import StabilityConfig, load_config
     from zaya_pipeline.model.sizing import forward_flops_per_token, num_active_params
     from zaya_pipeline.model.transformer import ZayaLM, compile_blocks
+    from zaya_pipeline.train.optim import step_unless
     from zaya_pipeline.train.precision import Bf16Weights
+    from zaya_pipeline.train.stability import SpikeGuard
     from zaya_pipeline.train.throughput import mfu, resolve_peak
 
     device = torch.device(args.device)
@@ -76,7 +80,8 @@ def main() -> None:
     torch.manual_seed(0)
     with device:  # initialised where it runs: a 1B-parameter init on the host alone takes ~15 s
         model = ZayaLM(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    guard = SpikeGuard(StabilityConfig(spike_zscore=6.0, spike_skip=True)).to(device)
     if args.compile:
         compile_blocks(model, fullgraph=True)
     precision = args.precision
@@ -91,9 +96,12 @@ def main() -> None:
             out = model(ids[:, :-1])
             loss = F.cross_entropy(out.logits.flatten(0, 1).float(), ids[:, 1:].flatten()) + out.aux_loss
             loss.backward()
-        opt.step()
+        # as ZayaLitModule.training_step: clip, the guard decides and the optimizer skips on the device
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        apply, _ = guard.decide(loss.detach(), norm)
+        step_unless(opt, ~apply)
         opt.zero_grad(set_to_none=True)
-        model.update_router_biases(lambda t: t)
+        model.update_router_biases(lambda t: t, apply)
 
     def sync() -> None:
         if device.type == "cuda":

@@ -4,6 +4,7 @@ a refused run says why in one line. The cases and their results are tabled in do
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pickle
@@ -154,7 +155,10 @@ def test_a_planted_checkpoint_is_refused_before_it_runs_and_loses_nothing(intact
 
 
 def _kill_when(root: Path, stage: str, pattern: str, *overrides: str) -> None:
-    """Start ``zaya <stage>``, SIGKILL it once a stderr line matches ``pattern`` (mid-work)."""
+    """Start ``zaya <stage>``, SIGKILL it once a stderr line matches ``pattern`` (mid-work); every process it
+    started (datatrove's forkserver and pool workers, ...) must be gone within 20 s."""
+    import psutil
+
     cmd, env = _command(stage, *overrides)
     proc = subprocess.Popen(
         cmd, cwd=root, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
@@ -163,7 +167,15 @@ def _kill_when(root: Path, stage: str, pattern: str, *overrides: str) -> None:
     try:
         for line in proc.stderr:
             if re.search(pattern, line):
+                children = psutil.Process(proc.pid).children(recursive=True)
                 proc.send_signal(signal.SIGKILL)
+                _, alive = psutil.wait_procs(children, timeout=20)
+                left = []
+                for p in alive:  # leave no orphan behind, then fail
+                    with contextlib.suppress(psutil.Error):
+                        left.append(f"{p.pid} (parent {p.ppid()}): {' '.join(p.cmdline())[:200]}")
+                        p.kill()
+                assert not left, f"{stage}: child processes outlived kill -9: {left}"
                 break
             assert time.monotonic() < deadline, f"{stage}: no line matched {pattern!r}"
         else:

@@ -149,3 +149,20 @@ def test_zaya1_router_state_flows_from_layer_to_layer_in_the_model():
     model(torch.randint(0, cfg.vocab_size, (2, 5)))
     assert seen[0][0] is None
     assert seen[1][0] is seen[0][1] and seen[2][0] is seen[1][1]
+
+
+def test_zaya1_bias_step_skipped_on_the_device_keeps_the_loads_for_the_next_one():
+    """``update_bias(apply=False)`` (the spike guard skipped the update) is the same as not calling it."""
+    a, b = zaya1(), zaya1()
+    b.load_state_dict(a.state_dict())
+    x1, x2 = torch.randn(20, 16), torch.randn(30, 16)
+    a(x1)
+    a.update_bias(apply=torch.tensor(False))
+    assert torch.equal(a.expert_bias_E, torch.zeros(4)) and a.pending_counts_E.sum() == 20 * a.top_k
+    a(x2)
+    a.update_bias(apply=torch.tensor(True))
+    b(x1)
+    b(x2)
+    b.update_bias()
+    for key in ("expert_bias_E", "load_error_integral_E", "pending_counts_E"):
+        assert torch.equal(getattr(a, key), getattr(b, key)), key

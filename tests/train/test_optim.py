@@ -173,3 +173,39 @@ def test_scheduler_steps_every_group_lr():
         opt.step()
         sched.step()
     assert seen == pytest.approx([5e-3, 1e-2, 1e-2, 5e-3])
+
+
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_a_skipped_step_changes_nothing_on_the_device_and_an_applied_one_matches_a_plain_step(name):
+    """``step_unless``: torch's ``found_inf`` protocol. A skipped step (NaN gradients) leaves weights and
+    every state tensor bit-identical and makes no host read; an applied one equals ``optimizer.step()``."""
+    from zaya_pipeline.profiling import HostSyncs
+    from zaya_pipeline.train.optim import skips_on_device, step_unless
+
+    def run(gate: bool):
+        torch.manual_seed(0)
+        model = _model(zaya=True)
+        opt = build_optimizer(model, OptimConfig(name=name, weight_decay=0.1))
+        assert skips_on_device(opt)
+        for step in range(3):
+            for i, p in enumerate(model.parameters()):
+                p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(step * 1000 + i))
+            step_unless(opt, torch.tensor(False)) if gate else opt.step()
+        return model, opt
+
+    gated, opt = run(True)
+    plain, _ = run(False)
+    for (key, a), b in zip(gated.state_dict().items(), plain.state_dict().values(), strict=True):
+        assert torch.equal(a, b), key
+
+    def snapshot():
+        state = [t.clone() for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
+        return [p.detach().clone() for p in gated.parameters()] + state
+
+    before = snapshot()
+    for p in gated.parameters():
+        p.grad = torch.full_like(p, float("nan"))
+    with HostSyncs() as syncs:
+        step_unless(opt, torch.tensor(True))
+    assert syncs.calls == []
+    assert all(torch.equal(a, b) for a, b in zip(before, snapshot(), strict=True))

@@ -1,6 +1,7 @@
 """Where the curate passes run: ``data.executor.type`` = ``local`` | ``slurm`` | ``ray`` (datatrove).
 
-* local: ``LocalPipelineExecutor``, ``workers`` processes, one pass after the other in this process.
+* local: ``LocalExecutor`` (datatrove's ``LocalPipelineExecutor``, its workers dying with the stage),
+  ``workers`` processes, one pass after the other in this process.
 * ray: ``RayPipelineExecutor``; blocking like local. ``data.executor.ray.address`` joins a running Ray;
   without one a private Ray starts on 127.0.0.1 for the run and is stopped after it (``ray_session``).
 * slurm: ``SlurmPipelineExecutor``, one job array per pass, each depending on the one before, and a last job
@@ -23,6 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
+
+from datatrove.executor import LocalPipelineExecutor
 
 from zaya_pipeline.config import ExecutorConfig, RayExecutorConfig
 from zaya_pipeline.data.datatrove_parts import run_explained
@@ -53,15 +56,65 @@ def check_executor(e: ExecutorConfig) -> None:
         raise ConfigError(f"data.executor.ray.object_store_gb={e.ray.object_store_gb}: at least 0.1 (GiB)")
 
 
+def die_with_parent() -> None:
+    """Linux: have the kernel SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``); elsewhere a
+    no-op. For pool workers, which otherwise outlive a killed stage, blocked on their task queue."""
+    import ctypes
+    import signal
+    import sys
+
+    if sys.platform != "linux":
+        return
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d): a killed stage may leave workers", errno)
+    if os.getppid() == 1:  # the parent died before prctl: nobody is left to signal us
+        os._exit(1)
+
+
+_in_local_run = False  # set while a LocalExecutor runs: processes forked then die with this one
+
+
+def _after_fork_in_child() -> None:
+    if _in_local_run:
+        die_with_parent()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class LocalExecutor(LocalPipelineExecutor):
+    """datatrove's ``LocalPipelineExecutor`` whose helper processes die with the stage. A ``kill -9`` of
+    ``zaya curate`` / ``zaya tokenize`` used to leave datatrove's ``multiprocess.Manager`` server (forked
+    while the pass runs) and pool workers behind as orphans; now the manager and any other process forked
+    during the run get ``PR_SET_PDEATHSIG``, as do the pool workers (children of the forkserver, which
+    exits with the stage). A task run in the stage's own process leaves that process alone."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stage_pid = os.getpid()
+
+    def run(self):
+        global _in_local_run
+        _in_local_run = True
+        try:
+            return super().run()
+        finally:
+            _in_local_run = False
+
+    def _launch_run_for_rank(self, rank: int, ranks_q, completed=None, completed_lock=None):
+        if os.getpid() != self.stage_pid:
+            die_with_parent()
+        return super()._launch_run_for_rank(rank, ranks_q, completed, completed_lock)
+
+
 def make_executor(e: ExecutorConfig, pipeline: list, tasks: int, logging_dir: Path, name: str, depends=None):
     """The datatrove executor of one pass; ``depends`` chains Slurm passes."""
     common = {"tasks": tasks, "logging_dir": str(logging_dir), "skip_completed": True}
     if e.type == "local":
-        from datatrove.executor import LocalPipelineExecutor
-
-        return LocalPipelineExecutor(
-            pipeline, workers=tasks if e.workers == -1 else min(e.workers, tasks), **common
-        )
+        return LocalExecutor(pipeline, workers=tasks if e.workers == -1 else min(e.workers, tasks), **common)
     if e.type == "ray":
         from datatrove.executor import RayPipelineExecutor
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 from datatrove.data import Document
-from datatrove.executor import LocalPipelineExecutor
 from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.tokens import DocumentTokenizer
@@ -24,6 +23,7 @@ from tokenizers.processors import TemplateProcessing
 
 from zaya_pipeline.config import TokenizeConfig, ZayaConfig
 from zaya_pipeline.data.datatrove_parts import run_explained
+from zaya_pipeline.data.executors import LocalExecutor
 from zaya_pipeline.data.loader import read_shards, token_counts
 from zaya_pipeline.data.splits import SPLITS, split_of
 from zaya_pipeline.data.text_io import CURATED_GLOB, curated_files
@@ -180,7 +180,7 @@ def _run_split(cfg: ZayaConfig, split: str, tok_file: Path, tok_meta: dict, out:
         ),
     ]
     workers = min(tcfg.tasks, os.cpu_count() or 1)
-    executor = LocalPipelineExecutor(pipeline, tasks=tcfg.tasks, workers=workers, logging_dir=str(logs))
+    executor = LocalExecutor(pipeline, tasks=tcfg.tasks, workers=workers, logging_dir=str(logs))
     stats = run_explained(executor, f"tokenize ({split} split, {cfg.paths.curated})", logs)
     return int(stats.stats[1]["text_bytes"].total)
 

@@ -158,21 +158,27 @@ class Zaya1Router(nn.Module):
         )
 
     @torch.no_grad()
-    def update_bias(self, reduce_sum=None) -> None:
+    def update_bias(self, reduce_sum=None, apply: torch.Tensor | None = None) -> None:
         """One controller step on the loads routed since the last call (no-op if nothing was routed).
 
         ``reduce_sum`` sums a tensor over the data-parallel ranks; with it every rank steps on the global
-        loads and the biases stay identical across ranks."""
+        loads and the biases stay identical across ranks. ``apply`` (a device bool, the spike guard's
+        decision) false: no step, and the loads carry over to the next one, as if it had not been called."""
         if reduce_sum is not None:
             self.pending_counts_E.copy_(reduce_sum(self.pending_counts_E.clone()))
         total = self.pending_counts_E.sum()
         routed = total > 0  # decided on the device: no host sync in the training step
+        if apply is not None:
+            routed = routed & apply
         mean = total.clamp_min(1) / self.num_experts
         error_E = torch.where(routed, (mean - self.pending_counts_E) / mean, 0)  # > 0: under-loaded
         self.load_error_integral_E += error_E
         step_E = self.p_gain * error_E + self.i_gain * self.load_error_integral_E
         self.expert_bias_E += torch.where(routed, step_E, 0)
-        self.pending_counts_E.zero_()
+        if apply is None:
+            self.pending_counts_E.zero_()
+        else:
+            self.pending_counts_E.copy_(torch.where(apply, 0, self.pending_counts_E))
 
 
 def build_router(d_model: int, cfg: MoEConfig) -> nn.Module:

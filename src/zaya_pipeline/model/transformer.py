@@ -128,12 +128,13 @@ class ZayaLM(nn.Module):
                 nn.init.ones_(module.weight)
 
     @torch.no_grad()
-    def update_router_biases(self, reduce_sum=None) -> None:
+    def update_router_biases(self, reduce_sum=None, apply: torch.Tensor | None = None) -> None:
         """Once per optimizer step: the balancing-bias controller of every router that has one.
-        ``reduce_sum`` (set by the trainer under data parallelism) sums the expert loads over ranks."""
+        ``reduce_sum`` (set by the trainer under data parallelism) sums the expert loads over ranks;
+        ``apply`` (a device bool) false skips the step on the device (``Zaya1Router.update_bias``)."""
         for block in self.blocks:
             if hasattr(block.moe.router, "update_bias"):
-                block.moe.router.update_bias(reduce_sum)
+                block.moe.router.update_bias(reduce_sum, apply)
 
     def new_cache(self) -> KVCache:
         """An empty decoding cache for ``forward(ids, cache=...)``."""

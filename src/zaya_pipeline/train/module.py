@@ -3,8 +3,10 @@
 Manual optimization, because one optimizer step may hold a variable number of micro-batches (the batch
 ramp) and an update may be skipped (NaN/Inf or a loss spike, see :mod:`zaya_pipeline.train.stability`).
 Each step: forward/backward per micro-batch of ``train.micro_batch`` sequences (losses weighted by their
-share of the batch), global grad norm (clipped to ``train.optim.grad_clip``), the guard's decision, then
-optimizer, scheduler and router-bias updates. A checkpoint also holds the data position and the guard.
+share of the batch), global grad norm (clipped to ``train.optim.grad_clip``), the guard's decision (on the
+device), then optimizer (its update dropped on the device if skipped), scheduler and router-bias updates. A
+step is a batch: ``global_step`` and ``train.max_steps`` count skipped steps too. A checkpoint also holds the
+data position and the guard.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch.nn.functional as F
 
 from zaya_pipeline.config import ModelConfig, ParallelConfig, TrainConfig
 from zaya_pipeline.model.transformer import LMOutput, ZayaLM, compile_blocks
-from zaya_pipeline.train.optim import build_optimizer, build_scheduler, full_batch
+from zaya_pipeline.train.optim import build_optimizer, build_scheduler, full_batch, step_unless
 from zaya_pipeline.train.precision import BF16_MASTER, Bf16Weights
 from zaya_pipeline.train.stability import SpikeGuard
 from zaya_pipeline.utils import get_logger
@@ -101,23 +103,20 @@ class ZayaLitModule(L.LightningModule):
             grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, self.parallel_cfg.dp_replicate)
         else:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        # Every rank must take the same decision: decide on the all-rank mean loss and max grad norm.
-        # The one host read of the step (profiling.HostSyncs; tests/train/test_host_syncs.py): the guard
-        # decides on the host whether the update applies.
+        # Every rank must take the same decision: decide on the all-rank mean loss and max grad norm. The
+        # guard decides on the device and the optimizer drops a skipped update there: the step never waits
+        # for the device (profiling.HostSyncs; tests/train/test_host_syncs.py).
         reduce = self.trainer.strategy.reduce
-        stats = torch.stack(
-            [reduce(ce.clone(), reduce_op="mean"), reduce(grad_norm.detach().float(), reduce_op="max")]
-        )
-        mean_ce, norm = stats.tolist()
+        mean_ce = reduce(ce.clone(), reduce_op="mean")
+        norm = reduce(grad_norm.detach().float(), reduce_op="max")
         apply, spike = self.guard.decide(mean_ce, norm)
-        if apply:
-            opt.step()
-            sched.step()
-            # once per optimizer step, after the weights moved, on the loads of all data-parallel ranks
-            self.model.update_router_biases(lambda t: reduce(t, reduce_op="sum"))
+        step_unless(opt, ~apply)
+        sched.step()  # the schedule follows the steps (batches), applied or not
+        # once per optimizer step, after the weights moved, on the loads of all data-parallel ranks
+        self.model.update_router_biases(lambda t: reduce(t, reduce_op="sum"), apply)
         opt.zero_grad(set_to_none=True)
         self.batches_consumed = int(batch["batch_index"]) + 1
-        # Everything here feeds the telemetry callbacks (train/callbacks/).
+        # Everything here feeds the telemetry callbacks (train/callbacks/); the tensors stay on the device.
         return {
             "ce": ce,
             "aux": aux,
@@ -131,6 +130,16 @@ class ZayaLitModule(L.LightningModule):
             "phase": batch.get("phase", 0),
             "source_counts": batch.get("source_counts", [B]),
         }
+
+    def on_fit_start(self) -> None:
+        self.guard.to(self.device)  # the guard decides where the step runs
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        """Stop a run whose updates keep being skipped: checked where the telemetry reads the device anyway
+        (every ``train.log_every`` steps and the last)."""
+        step = self.trainer.global_step
+        if step % max(1, self.train_cfg.log_every) == 0 or step >= self.train_cfg.max_steps:
+            self.guard.check()
 
     def _forward_backward(self, batch: dict):
         """Forward and backward of every micro-batch of ``batch``: (ce, aux, z-loss, dropped slots, expert
@@ -165,7 +174,7 @@ class ZayaLitModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["zaya"] = {
             "batches_consumed": self.batches_consumed,
-            "guard": self.guard.state_dict(),
+            "guard": self.guard.guard_state(),
             "global_batch": full_batch(self.train_cfg, self.world_size),
         }
 
@@ -173,7 +182,7 @@ class ZayaLitModule(L.LightningModule):
         state = checkpoint.get("zaya", {})
         self.batches_consumed = state.get("batches_consumed", 0)
         if "guard" in state:
-            self.guard.load_state_dict(state["guard"])
+            self.guard.load_guard_state(state["guard"])
         saved, now = state.get("global_batch"), full_batch(self.train_cfg, self.world_size)
         if saved is not None and saved != now and self.trainer.is_global_zero:
             log.warning(

@@ -29,6 +29,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor.experimental import implicit_replication
 from torch.optim.adamw import adamw as adamw_functional
 from torch.optim.optimizer import _get_fused_kernels_supported_devices
 
@@ -117,19 +118,24 @@ class MuonAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """One update of every group; ``closure`` re-evaluates the loss, as in torch optimizers."""
+        """One update of every group; ``closure`` re-evaluates the loss, as in torch optimizers.
+
+        Like torch's fused optimizers, a ``found_inf`` attribute (a 0-dim float tensor on the parameters'
+        device, set by :func:`zaya_pipeline.train.optim.step_unless`) drops the whole update on the device
+        when it is 1: no parameter, momentum, moment or step count changes, and the host never reads it."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        found_inf = getattr(self, "found_inf", None)
         for group in self.param_groups:
             if group["optimizer"] == "muon":
-                self._muon_step(group)
+                self._muon_step(group, found_inf)
             else:
-                self._adamw_step(group)
+                self._adamw_step(group, found_inf)
         return loss
 
-    def _muon_step(self, group: dict) -> None:
+    def _muon_step(self, group: dict, found_inf: Tensor | None) -> None:
         lr, wd, m = group["lr"], group["weight_decay"], group["momentum"]
         for p in group["params"]:
             if p.grad is None:
@@ -139,14 +145,22 @@ class MuonAdamW(torch.optim.Optimizer):
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(grad)
             buf = state["momentum_buffer"]
-            buf.mul_(m).add_(grad)
-            update = grad.add(buf, alpha=m) if group["nesterov"] else buf
+            new_buf = buf * m + grad
+            update = grad + new_buf * m if group["nesterov"] else new_buf
             ortho = _orthogonalize(update, group["ns_steps"])
-            if wd:
-                p.mul_(1 - lr * wd)
-            p.add_(ortho, alpha=-lr * muon_scale(p.shape))
+            new_p = (p * (1 - lr * wd) if wd else p) - ortho * (lr * muon_scale(p.shape))
+            if found_inf is None:
+                buf.copy_(new_buf)
+                p.copy_(new_p)
+                continue
+            # Skipped on the device: keep the old values (a select, not a multiply, since a skipped step's
+            # gradient may be NaN). A DTensor's 0-dim gate is replicated implicitly.
+            with implicit_replication():
+                skip = found_inf.bool()
+                buf.copy_(torch.where(skip, buf, new_buf))
+                p.copy_(torch.where(skip, p, new_p))
 
-    def _adamw_step(self, group: dict) -> None:
+    def _adamw_step(self, group: dict, found_inf: Tensor | None) -> None:
         params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
         for p in group["params"]:
             if p.grad is not None:
@@ -156,6 +170,8 @@ class MuonAdamW(torch.optim.Optimizer):
             return
         fusable = _get_fused_kernels_supported_devices()
         fused = all(p.device.type in fusable and torch.is_floating_point(p) for p in params)
+        if found_inf is not None and not fused and bool(found_inf):  # no fused kernel: read the host
+            return
         for p in params:
             state = self.state[p]
             if "step" not in state:
@@ -185,4 +201,5 @@ class MuonAdamW(torch.optim.Optimizer):
             weight_decay=group["weight_decay"],
             eps=group["eps"],
             maximize=False,
+            found_inf=found_inf if fused else None,
         )

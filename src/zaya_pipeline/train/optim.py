@@ -107,6 +107,36 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
     return torch.optim.AdamW(torch_groups, lr=cfg.lr, betas=betas, eps=cfg.eps, fused=fused)
 
 
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` can drop an update on the device (torch's ``found_inf`` protocol, as
+    ``GradScaler`` uses it): fused AdamW and :class:`~zaya_pipeline.train.muon.MuonAdamW`."""
+    from zaya_pipeline.train.muon import MuonAdamW
+
+    return isinstance(optimizer, MuonAdamW) or bool(optimizer.defaults.get("fused"))
+
+
+def step_unless(optimizer, skip: torch.Tensor) -> None:
+    """``optimizer.step()``, whose update is dropped where ``skip`` (a 0-dim bool on the parameters' device,
+    e.g. the spike guard's decision) is true — decided on the device, so the step never waits for it.
+
+    The step is always taken (``optimizer`` may be Lightning's wrapper: its step count, the trainer's
+    ``global_step``, counts batches whether or not their update applied). An optimizer without a fused kernel
+    reads ``skip`` on the host instead and, to skip, steps with no gradients (which changes nothing)."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer wraps the torch optimizer
+    if skips_on_device(inner):
+        inner.found_inf = skip.float()
+        try:
+            optimizer.step()
+        finally:
+            del inner.found_inf
+        return
+    if bool(skip):
+        for group in inner.param_groups:
+            for p in group["params"]:
+                p.grad = None
+    optimizer.step()
+
+
 # --- LR schedules ------------------------------------------------------------------------------------------
 
 

@@ -399,7 +399,7 @@ def _trainer(cfg: ZayaConfig, logger, callbacks: list, root: Path):
         precision=lightning_precision(t.precision),
         max_steps=t.max_steps,
         deterministic=t.deterministic,
-        val_check_interval=t.val_every,  # batches (= steps unless updates are skipped)
+        val_check_interval=t.val_every,  # batches = steps (a skipped update is a step too)
         check_val_every_n_epoch=None,  # the training stream is endless: no epochs
         limit_val_batches=t.val_batches,
         num_sanity_val_steps=0,

@@ -9,7 +9,6 @@ Outputs: ``train.csv`` (step, loss, lr, tokens_per_s: the tokens/s column is the
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import lightning as L
@@ -20,7 +19,6 @@ from zaya_pipeline.train.callbacks.base import (
     TelemetryCallback,
     log_figures,
     reduce_mean,
-    reduce_sum,
     write_csv,
 )
 from zaya_pipeline.train.callbacks.throughput_meter import ThroughputMeter
@@ -51,11 +49,10 @@ class LossCurve(TelemetryCallback):
         self._reset_interval()
 
     def _reset_interval(self) -> None:
-        self._sums = {"ce": 0.0, "aux": 0.0, "z_loss": 0.0, "grad_norm": 0.0}
-        self._finite_norms = 0
+        # on the device until emit: losses, finite grad norms and their count, skipped steps, spikes
+        keys = ("ce", "aux", "z_loss", "grad_norm", "finite_norms", "skipped", "spikes")
+        self._sums = dict.fromkeys(keys, 0.0)
         self._batches = 0
-        self._skipped = 0
-        self._spikes = 0
 
     @property
     def last_train_loss(self) -> float:
@@ -70,24 +67,28 @@ class LossCurve(TelemetryCallback):
     def add(self, outputs: dict) -> None:
         for key in ("ce", "aux", "z_loss"):  # summed on the device, read once per log interval (emit)
             self._sums[key] = self._sums[key] + outputs[key].detach().float()
-        if math.isfinite(outputs["grad_norm"]):
-            self._sums["grad_norm"] += outputs["grad_norm"]
-            self._finite_norms += 1
-        self._skipped += not outputs["applied"]
-        self._spikes += bool(outputs["spike"])
+        norm = outputs["grad_norm"].detach().float()
+        finite = torch.isfinite(norm)
+        self._sums["grad_norm"] = self._sums["grad_norm"] + torch.where(finite, norm, 0)
+        self._sums["finite_norms"] = self._sums["finite_norms"] + finite.float()
+        self._sums["skipped"] = self._sums["skipped"] + (~outputs["applied"]).float()
+        self._sums["spikes"] = self._sums["spikes"] + outputs["spike"].float()
         self._batches += 1
 
     def emit(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> dict[str, float]:
-        self.skipped_steps += int(reduce_sum(trainer, self._skipped) / trainer.world_size)
-        self.spikes += int(reduce_sum(trainer, self._spikes)) // trainer.world_size
-        loss = reduce_mean(trainer, float(self._sums["ce"]) / self._batches)
+        values = torch.stack([torch.as_tensor(v) for v in self._sums.values()]).tolist()  # the one read
+        sums = dict(zip(self._sums, values, strict=True))
+        # every rank took the same decisions (the guard decides on all-rank values)
+        self.skipped_steps += round(sums["skipped"])
+        self.spikes += round(sums["spikes"])
+        loss = reduce_mean(trainer, sums["ce"] / self._batches)
         groups = trainer.optimizers[0].param_groups
         lr = groups[0]["lr"]  # the LR this step used (the scheduler steps after)
         metrics = {
             "train/loss": loss,
-            "train/aux_loss": reduce_mean(trainer, float(self._sums["aux"]) / self._batches),
-            "train/z_loss": reduce_mean(trainer, float(self._sums["z_loss"]) / self._batches),
-            "train/grad_norm": self._sums["grad_norm"] / max(self._finite_norms, 1),
+            "train/aux_loss": reduce_mean(trainer, sums["aux"] / self._batches),
+            "train/z_loss": reduce_mean(trainer, sums["z_loss"] / self._batches),
+            "train/grad_norm": sums["grad_norm"] / max(sums["finite_norms"], 1),
             "train/lr": lr,
             "train/skipped_steps": float(self.skipped_steps),
             "train/spikes": float(self.spikes),
