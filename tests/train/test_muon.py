@@ -12,6 +12,7 @@ from torch import nn
 
 from support.distributed import run_distributed
 from zaya_pipeline.train.muon import MuonAdamW, muon_scale, newton_schulz
+from zaya_pipeline.train.optim import step_unless
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -227,16 +228,23 @@ def fsdp_worker(rank: int, world: int, out_path: str) -> None:
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = MuonAdamW(muon_groups(model))
-    for x, y in fsdp_batches():
+    for i, (x, y) in enumerate(fsdp_batches()):
         opt.zero_grad()
-        F.mse_loss(model(x[rank::world]), y[rank::world]).backward()
-        opt.step()
+        (F.mse_loss(model(x[rank::world]), y[rank::world]) * poison(i)).backward()
+        step_unless(opt, torch.tensor(i == SKIPPED))  # DTensor weights, a plain 0-dim flag
     bufs = [opt.state[p]["momentum_buffer"] for p in opt.param_groups[0]["params"]]
     assert all(isinstance(b, DTensor) and b.placements == (Shard(0),) for b in bufs)
     assert [b.to_local().shape[0] for b in bufs] == [16, 8 - rank, 2 - rank]
     full = {name: p.full_tensor() for name, p in model.named_parameters()}
     if rank == 0:
         torch.save(full, out_path)
+
+
+SKIPPED = 1  # the sharded run's step that the spike guard would skip: NaN gradients, dropped on the device
+
+
+def poison(i: int) -> float:
+    return math.nan if i == SKIPPED else 1.0
 
 
 @pytest.mark.distributed
@@ -246,8 +254,10 @@ def test_fsdp2_muon_matches_single_process(tmp_path):
 
     ref = fsdp_model()
     opt = MuonAdamW(muon_groups(ref))
-    for x, y in fsdp_batches():  # FSDP averages the per-rank grads: the same as one mean over the batch
+    for i, (x, y) in enumerate(fsdp_batches()):  # FSDP averages the per-rank grads: one mean over the batch
         opt.zero_grad()
+        if i == SKIPPED:  # the sharded run's NaN step changed nothing
+            continue
         F.mse_loss(ref(torch.cat([x[r::WORLD] for r in range(WORLD)])),
                    torch.cat([y[r::WORLD] for r in range(WORLD)])).backward()  # fmt: skip
         opt.step()
