@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from zaya_pipeline.errors import ConfigError
+from zaya_pipeline.ops.autograd import register_expert_autograd
 
 BACKENDS = ("auto", "loop", "grouped_mm", "triton")
 
@@ -179,18 +180,8 @@ def _(dy_TD, x_SD, gu_S2F, h_SF, order_S, offsets_E, topk_weights_TK, w_gate_up_
     )
 
 
-def _gmm_setup_context(ctx, inputs, output):
-    _, _, topk_weights_TK, w_gate_up_EDF2, w_down_EFD = inputs
-    _, x_SD, gu_S2F, h_SF, order_S, offsets_E = output
-    ctx.save_for_backward(x_SD, gu_S2F, h_SF, order_S, offsets_E, topk_weights_TK, w_gate_up_EDF2, w_down_EFD)
-
-
-def _gmm_autograd(ctx, dy_TD, *_unused):
-    dx, d_weights, dw_gate_up, dw_down = _gmm_backward(dy_TD.contiguous(), *ctx.saved_tensors)
-    return dx, None, d_weights, dw_gate_up, dw_down
-
-
-_gmm_forward.register_autograd(_gmm_autograd, setup_context=_gmm_setup_context)
+# backward(dy, x_SD, gu_S2F, h_SF, order_S, offsets_E, topk_weights_TK, w_gate_up_EDF2, w_down_EFD)
+register_expert_autograd(_gmm_forward, _gmm_backward, lambda inputs, output: (*output[1:], *inputs[2:]))
 
 
 def _scatter_rows(rows_SD: torch.Tensor, token_S: torch.Tensor, num_tokens: int, top_k: int) -> torch.Tensor:

@@ -33,6 +33,7 @@ import triton  # noqa: E402
 from zaya_pipeline.kernels import configs  # noqa: E402
 from zaya_pipeline.kernels import expert_mlp as kernels  # noqa: E402
 from zaya_pipeline.kernels.configs import interpreting  # noqa: E402
+from zaya_pipeline.ops.autograd import register_expert_autograd  # noqa: E402
 
 
 def _flags(dtype: torch.dtype) -> dict:
@@ -239,17 +240,8 @@ def _(dy_TD, x_TD, topk_weights_TK, w_gate_up_EDF2, w_down_EFD, *saved):
     )
 
 
-def _setup_context(ctx, inputs, output):
-    x_TD, _, topk_weights_TK, w_gate_up_EDF2, w_down_EFD = inputs
-    ctx.save_for_backward(x_TD, topk_weights_TK, w_gate_up_EDF2, w_down_EFD, *output[1:])
-
-
-def _autograd(ctx, dy_TD, *_unused):
-    dx, d_weights, dw_gate_up, dw_down = _backward(dy_TD.contiguous(), *ctx.saved_tensors)
-    return dx, None, d_weights, dw_gate_up, dw_down
-
-
-_forward.register_autograd(_autograd, setup_context=_setup_context)
+# backward(dy, x_TD, topk_weights_TK, w_gate_up_EDF2, w_down_EFD, gu_S2F, *routing)
+register_expert_autograd(_forward, _backward, lambda inputs, output: (inputs[0], *inputs[2:], *output[1:]))
 
 
 def expert_mlp_triton(x_TD, topk_ids_TK, topk_weights_TK, w_gate_up_EDF2, w_down_EFD) -> torch.Tensor:
