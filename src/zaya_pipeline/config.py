@@ -413,9 +413,10 @@ class TrainConfig:
     val_every: int = 100  # batches between validation passes
     val_batches: int = 8  # batches per validation pass
     log_every: int = 10  # steps between logged train metrics
-    # Lightning precision (PRECISIONS: "32-true", "bf16-mixed", ...) or "bf16-master": bf16 weights with fp32
-    # master copies on one process (train/precision.py; the choice for one GPU, docs/training.md)
-    precision: str = "32-true"
+    # Lightning precision (PRECISIONS: "32-true", "bf16-mixed", ...), "bf16-master": bf16 weights with fp32
+    # master copies on one process (train/precision.py; the choice for one GPU, docs/training.md), or "auto":
+    # bf16-master on GPUs but under FSDP2 (parallel.param_dtype decides there), 32-true on CPUs
+    precision: str = "auto"
     num_threads: int = 0  # torch CPU threads; 0 = leave torch's default
     deterministic: bool = False  # torch deterministic algorithms (slower; bitwise-repeatable on one device)
     checkpoint_every: int = 0  # steps between checkpoints (paths.checkpoints/step<N>, DCP); 0 = none
@@ -428,8 +429,8 @@ class TrainConfig:
     data: TrainDataConfig = field(default_factory=TrainDataConfig)
 
     def validate(self) -> None:
-        if self.precision not in (*PRECISIONS, "bf16-master"):
-            choices = ", ".join((*PRECISIONS, "bf16-master"))
+        if self.precision not in (*PRECISIONS, "bf16-master", "auto"):
+            choices = ", ".join((*PRECISIONS, "bf16-master", "auto"))
             raise ConfigError(f"train.precision: unknown value {self.precision!r}; choose one of {choices}")
 
 

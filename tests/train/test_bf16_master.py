@@ -8,11 +8,12 @@ import pytest
 import torch
 from test_train_stage import debug_config, logged_losses
 
-from zaya_pipeline.config import ModelConfig, MoEConfig
+from zaya_pipeline.config import ModelConfig, MoEConfig, ParallelConfig, load_config
 from zaya_pipeline.errors import ConfigError
 from zaya_pipeline.model import load_model
 from zaya_pipeline.model.transformer import ZayaLM
-from zaya_pipeline.train.precision import Bf16Weights
+from zaya_pipeline.train.memory_plan import memory_plan
+from zaya_pipeline.train.precision import Bf16Weights, resolved_precision
 from zaya_pipeline.train.run import train
 
 STEPS = 50
@@ -33,6 +34,26 @@ def test_bf16_weights_swap_in_and_out():
         assert p.data_ptr() == masters[name].data_ptr() and p.dtype == torch.float32, name  # the masters
         assert p.grad is None or p.grad.dtype == torch.float32, name
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_auto_precision_is_bf16_master_on_gpus_but_fsdp2_and_fp32_on_cpus():
+    if torch.cuda.is_available():
+        pytest.skip("the CPU cases need a machine without a GPU")
+    cases = {
+        ("cpu", "auto"): "32-true",
+        ("auto", "auto"): "32-true",  # no GPU here
+        ("gpu", "auto"): "bf16-master",
+        ("gpu", "fsdp2"): "32-true",  # parallel.param_dtype sets the compute dtype
+    }
+    for (accelerator, strategy), want in cases.items():
+        assert resolved_precision("auto", ParallelConfig(accelerator=accelerator, strategy=strategy)) == want
+    assert resolved_precision("bf16-mixed", ParallelConfig(accelerator="gpu")) == "bf16-mixed"
+    assert load_config([]).train.precision == "auto"  # the default
+    # what `zaya plan` counts: bf16 copies of the weights for a GPU run, none for a CPU one
+    copies = "autocast weight copies"
+    gpu = memory_plan(load_config(["model=debug", "parallel.accelerator=gpu"]))
+    cpu = memory_plan(load_config(["model=debug"]))
+    assert gpu.memory[copies]["none"] > 0 and cpu.memory[copies]["none"] == 0
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ from zaya_pipeline.errors import ConfigError
 from zaya_pipeline.model.attention import head_dims, rotary_dim
 from zaya_pipeline.model.sizing import num_params, with_resolved_vocab
 from zaya_pipeline.model.transformer import validate_model_config
+from zaya_pipeline.train.precision import with_resolved_precision
 
 GB, MB = 1e9, 1e6  # decimal units, as the devices are sold
 DEVICES = {"MI300X": 192 * GB, "H200": 141 * GB, "H100": 80 * GB}  # memory per device
@@ -337,6 +338,7 @@ def memory_plan(cfg: ZayaConfig) -> Plan:
 
     The peak is not the sum of the rows: gradients, activations and the loss buffers are not at their
     largest at the same moment. It is the largest of the moments in ``PHASES``."""
+    cfg = with_resolved_precision(cfg)
     m = with_resolved_vocab(cfg)
     validate_model_config(m)
     lay, cnt = layout_of(cfg, m), counts(m)
@@ -431,11 +433,11 @@ def format_plan(cfg: ZayaConfig, plan: Plan) -> str:
         )
     else:
         layout = "replicated (DDP)" if lay.world > 1 else "one device"
-    m = with_resolved_vocab(cfg)
+    m, precision = with_resolved_vocab(cfg), with_resolved_precision(cfg).train.precision
     lines = [
         f"zaya plan: model={m.name} ({num_params(m) / 1e9:.3f}B params), world size {lay.world}: {layout}",
         f"  {cfg.train.micro_batch} x {cfg.train.seq_len} = {plan.tokens} tokens per micro-batch and device, "
-        f"{lay.micro_batches} micro-batch(es) per step; precision {cfg.train.precision}, param_dtype "
+        f"{lay.micro_batches} micro-batch(es) per step; precision {precision}, param_dtype "
         f"{cfg.parallel.param_dtype}, optimizer {cfg.train.optim.name}, expert backend {plan.backend}",
         "",
         "1 GB = 1e9 bytes, 1 MB = 1e6 bytes; * = parallel.activation_checkpointing",

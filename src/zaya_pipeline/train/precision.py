@@ -11,11 +11,34 @@ dtype), the expert op gets bf16 weights as they are. The loss is computed in fp3
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
+from zaya_pipeline.config import ParallelConfig, ZayaConfig
+
+AUTO = "auto"
 BF16_MASTER = "bf16-master"
 OUR_PRECISIONS = (BF16_MASTER,)
+
+
+def resolved_precision(precision: str, parallel: ParallelConfig) -> str:
+    """``train.precision=auto`` (the default): ``bf16-master`` on GPUs (``parallel.accelerator=gpu``, or
+    ``auto`` with one present) that support bf16, except under FSDP2, whose ``parallel.param_dtype`` sets the
+    compute dtype; ``32-true`` otherwise (CPUs). Any other value is returned as it is."""
+    if precision != AUTO:
+        return precision
+    gpu = parallel.accelerator == "gpu" or (parallel.accelerator == "auto" and torch.cuda.is_available())
+    if torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        gpu = False  # e.g. V100: no bf16
+    return BF16_MASTER if gpu and parallel.strategy != "fsdp2" else "32-true"
+
+
+def with_resolved_precision(cfg: ZayaConfig) -> ZayaConfig:
+    """``cfg`` with ``train.precision=auto`` replaced by what it means here (:func:`resolved_precision`)."""
+    precision = resolved_precision(cfg.train.precision, cfg.parallel)
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
 
 
 def lightning_precision(precision: str) -> str:

@@ -59,7 +59,7 @@ from zaya_pipeline.train.optim import (
     check_schedule,
     planned_schedule,
 )
-from zaya_pipeline.train.precision import lightning_precision
+from zaya_pipeline.train.precision import lightning_precision, with_resolved_precision
 from zaya_pipeline.train.stability import SpikeGuard
 from zaya_pipeline.utils import (
     atomic_dir,
@@ -215,6 +215,7 @@ def plan(cfg: ZayaConfig) -> TrainPlan:
     """Check ``cfg`` against the inputs and decide the run. Raises ConfigError / DataError; reads the token
     meta and the checkpoints folder, writes nothing."""
     check_launcher_world(cfg.parallel)
+    cfg = with_resolved_precision(cfg)  # train.precision=auto: what it means on this accelerator
     meta = token_meta(cfg.paths.tokens)
     model = resolve_model_config(cfg.model, meta)
     world = world_size(cfg.parallel)
