@@ -6,7 +6,7 @@ than ``spike_zscore`` rolling standard deviations above the rolling mean of the 
 accepted losses) and ``spike_skip`` is on. Spikes never enter the window.
 
 Everything lives in device tensors and :meth:`SpikeGuard.decide` returns device booleans, so the training
-step never waits for the device (ADR 0007): the optimizer applies or drops the update on the device
+step never waits for the device (ADR 0009): the optimizer applies or drops the update on the device
 (:func:`zaya_pipeline.train.optim.step_unless`). The host reads the guard only where it reads anyway — on
 logging steps, at the last step and in checkpoints — and :meth:`SpikeGuard.check` then stops training with a
 :class:`TrainingError` if ``max_skips_in_row`` skipped steps in a row happened since the last check (so a run
