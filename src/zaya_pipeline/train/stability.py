@@ -7,10 +7,10 @@ accepted losses) and ``spike_skip`` is on. Spikes never enter the window.
 
 Everything lives in device tensors and :meth:`SpikeGuard.decide` returns device booleans, so the training
 step never waits for the device (ADR 0009): the optimizer applies or drops the update on the device
-(:func:`zaya_pipeline.train.optim.step_unless`). The host reads the guard only where it reads anyway — on
-logging steps, at the last step and in checkpoints — and :meth:`SpikeGuard.check` then stops training with a
-:class:`TrainingError` if ``max_skips_in_row`` skipped steps in a row happened since the last check (so a run
-that goes bad stops at the next logging step, not at the streak's last step). The state is saved in
+(:func:`zaya_pipeline.train.optim.step_unless`). The host reads the guard only where it reads anyway: a
+checkpoint saves it, and on logging steps and at the last step :meth:`SpikeGuard.check` stops training with a
+:class:`TrainingError` once ``max_skips_in_row`` skipped steps in a row have happened (so a run that goes bad
+stops at the next logging step, not at the streak's last step). The state is saved in
 checkpoints, so a resumed run makes the same decisions.
 """
 
