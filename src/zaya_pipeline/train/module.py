@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from zaya_pipeline.config import ModelConfig, ParallelConfig, TrainConfig
 from zaya_pipeline.model.transformer import LMOutput, ZayaLM, compile_blocks
+from zaya_pipeline.train.callbacks.base import is_logging_step
 from zaya_pipeline.train.optim import build_optimizer, build_scheduler, full_batch, step_unless
 from zaya_pipeline.train.precision import BF16_MASTER, Bf16Weights
 from zaya_pipeline.train.stability import SpikeGuard
@@ -137,8 +138,7 @@ class ZayaLitModule(L.LightningModule):
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         """Stop a run whose updates keep being skipped: checked where the telemetry reads the device anyway
         (every ``train.log_every`` steps and the last)."""
-        step = self.trainer.global_step
-        if step % max(1, self.train_cfg.log_every) == 0 or step >= self.train_cfg.max_steps:
+        if is_logging_step(self.trainer.global_step, self.train_cfg.log_every, self.train_cfg.max_steps):
             self.guard.check()
 
     def _forward_backward(self, batch: dict):

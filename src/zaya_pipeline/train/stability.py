@@ -16,6 +16,8 @@ checkpoints, so a resumed run makes the same decisions.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -99,8 +101,7 @@ class SpikeGuard:
         if not at:
             return
         loss, norm = self.tripped.tolist()
-        finite = torch.isfinite(self.tripped).all()
-        why = "a loss spike" if finite else "not finite"
+        why = "a loss spike" if math.isfinite(loss) and math.isfinite(norm) else "not finite"
         raise TrainingError(
             f"{self.cfg.max_skips_in_row} updates in a row skipped by step {at} (the last: loss {loss:.4g}, "
             f"grad norm {norm:.4g}, {why}); lower train.optim.lr, or raise train.stability.max_skips_in_row"

@@ -22,6 +22,11 @@ import torch
 PLOTS = "plots"  # the folder under paths.reports, and the artifact folder of the run
 
 
+def is_logging_step(step: int, log_every: int, max_steps: int) -> bool:
+    """Whether optimizer step ``step`` closes a logging interval: every ``log_every``-th and the last."""
+    return step % max(1, log_every) == 0 or step >= max_steps
+
+
 class TelemetryCallback(L.Callback):
     outputs: tuple[str, ...] = ()  # the files write_outputs writes under <reports>/plots
 
@@ -34,7 +39,7 @@ class TelemetryCallback(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.add(outputs)
         step = trainer.global_step
-        if step > self.last_emitted_step and (step % self.log_every == 0 or step >= self.max_steps):
+        if step > self.last_emitted_step and is_logging_step(step, self.log_every, self.max_steps):
             self.last_metrics = self.emit(trainer, pl_module, step)
             self.last_emitted_step = step
             if self.last_metrics and trainer.logger is not None:
