@@ -114,14 +114,19 @@ def test_debug_model_overfits_one_batch(name):
     model = ZayaLM(cfg)
     ids = torch.randint(0, cfg.vocab_size, (4, 33))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(200):
+    # Memorizing 128 random tokens takes ~200 steps; how many exactly depends on the CPU's float path (AMD
+    # hosts got there by 200, Intel Xeon hosts were at 0.097), so the budget is a cap, not the claim: the
+    # loss must fall from ln(64) = 4.16 to under 0.05 (memorized) before the cap.
+    for step in range(600):
         out = model(ids[:, :-1])
         loss = F.cross_entropy(out.logits.flatten(0, 1), ids[:, 1:].flatten())
+        if loss.item() < 0.05:
+            break
         opt.zero_grad()
         (loss + out.aux_loss).backward()
         opt.step()
         model.update_router_biases()
-    assert loss.item() < 0.05
+    assert loss.item() < 0.05, f"loss {loss.item():.3f} after {step + 1} steps"
 
 
 def test_residual_scaling_starts_as_the_plain_residual_and_learns(cfg):
