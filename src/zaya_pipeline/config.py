@@ -283,7 +283,10 @@ class AttentionConfig:
     head_dim: int = 0  # width of one head; 0 = d_model / n_heads
     rope_fraction: float = 1.0  # share of each head's channels rotated by RoPE (ZAYA1: 0.5)
     rope_theta: float = 10_000.0
-    conv_kernel: int = 2  # cca: kernel size (tokens) of the causal convolutions over q/k
+    # cca: kernel sizes (tokens) of the two causal convolutions over the packed q|k, a depthwise one and then
+    # one that mixes the channels of each head (transformers' ZayaConfig cca_time0 / cca_time1; ZAYA1: 2, 2)
+    conv_kernel_depthwise: int = 2
+    conv_kernel_grouped: int = 2
 
 
 @dataclass
@@ -296,7 +299,8 @@ class ModelConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     tie_embeddings: bool = True
-    residual_scaling: bool = False  # ZAYA1: learnable per-channel scale + bias on residual and block output
+    # ZAYA1: learnable per-channel scale + bias on the embedding output, the residual and each block output
+    residual_scaling: bool = False
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     moe: MoEConfig = field(default_factory=MoEConfig)
 

@@ -41,19 +41,19 @@ def softmax_attention(q_HTHd, k_GTHd, v_GTHd, scale: float) -> torch.Tensor:
     return out
 
 
-def causal_conv(x_TC: torch.Tensor, weight: torch.Tensor, groups: int) -> torch.Tensor:
-    """out[t, o] = sum over taps j and the input channels i of o's group: w[o, i, j] * x[t - K + 1 + j, i]."""
+def causal_conv(x_TC: torch.Tensor, conv: torch.nn.Conv1d) -> torch.Tensor:
+    """out[t, o] = b[o] + sum over taps j and the input channels i of o's group: w[o, i, j] * x[t - K + 1 + j, i]
+    for the T - K + 1 positions t that have all their taps (the caller pads)."""
     T, C = x_TC.shape
-    K, per = weight.shape[-1], C // groups
-    out = torch.zeros_like(x_TC)
-    for t in range(T):
+    weight, K, groups = conv.weight, conv.kernel_size[0], conv.groups
+    per = C // groups
+    out = torch.zeros(T - K + 1, C, dtype=x_TC.dtype)
+    for t in range(K - 1, T):
+        out[t - K + 1] = conv.bias
         for j in range(K):
-            s = t - (K - 1) + j
-            if s < 0:
-                continue
             for g in range(groups):
                 sl = slice(g * per, (g + 1) * per)
-                out[t, sl] += weight[sl, :, j] @ x_TC[s, sl]
+                out[t - K + 1, sl] += weight[sl, :, j] @ x_TC[t - (K - 1) + j, sl]
     return out
 
 
@@ -80,22 +80,25 @@ def reference_gqa(attn: GroupedQueryAttention, x_TD, cfg) -> torch.Tensor:
 def reference_cca(attn: CompressedConvolutionalAttention, x_TD, cfg) -> torch.Tensor:
     H, G, Hd, T = attn.H, attn.G, attn.Hd, x_TD.shape[0]
     q, k, v = split_qkv(attn, x_TD)
-    # two value streams: the second half of each value head is the previous token's
-    v_TGHd, half = v.view(T, G, Hd).clone(), Hd // 2
-    v_TGHd[:, :, half:] = 0
-    v_TGHd[1:, :, half:] = v.view(T, G, Hd)[:-1, :, half:]
-    qk = torch.cat([q, k], dim=1)
-    qk = causal_conv(causal_conv(qk, attn.conv_seq.weight, qk.shape[1]), attn.conv_mix.weight, H + G)
+    # values: the current token's half of the projection, then the previous token's half, read as G heads
+    v_now, v_prev = v[:, : G * Hd // 2], torch.zeros(T, G * Hd // 2, dtype=v.dtype)
+    v_prev[1:] = v[:-1, G * Hd // 2 :]
+    v_GTHd = torch.cat([v_now, v_prev], dim=1).view(T, G, Hd).transpose(0, 1)
+    # one left padding of P zeros, the depthwise convolution over it, then the grouped one
+    P = attn.conv_depthwise.kernel_size[0] - 1 + attn.conv_grouped.kernel_size[0] - 1
+    qk = torch.cat([torch.zeros(P, (H + G) * Hd, dtype=q.dtype), torch.cat([q, k], dim=1)])
+    qk = causal_conv(causal_conv(qk, attn.conv_depthwise), attn.conv_grouped)
     q_conv, k_conv = qk[:, : H * Hd].view(T, H, Hd), qk[:, H * Hd :].view(T, G, Hd)
     q_pre, k_pre = q.view(T, H, Hd), k.view(T, G, Hd)
     per = H // G
-    mean = [0.5 * (q_pre[:, g * per : (g + 1) * per].mean(dim=1) + k_pre[:, g]) for g in range(G)]
-    rot, theta = rotary_dim(cfg), cfg.attention.rope_theta
-    q_HTHd = torch.stack(
-        [rotate(attn.temperature_H[h] * unit(q_conv[:, h] + mean[h // per]), rot, theta) for h in range(H)]
+    q_res = [0.5 * (q_pre[:, h] + k_pre[:, h // per]) for h in range(H)]  # each head its own
+    k_res = [sum(q_res[g * per : (g + 1) * per]) / per for g in range(G)]
+    rot, theta, s = rotary_dim(cfg), cfg.attention.rope_theta, math.sqrt(Hd)
+    q_HTHd = torch.stack([rotate(s * unit(q_conv[:, h] + q_res[h]), rot, theta) for h in range(H)])
+    k_GTHd = torch.stack(
+        [rotate(attn.temperature_G[g] * s * unit(k_conv[:, g] + k_res[g]), rot, theta) for g in range(G)]
     )
-    k_GTHd = torch.stack([rotate(unit(k_conv[:, g] + mean[g]), rot, theta) for g in range(G)])
-    o = softmax_attention(q_HTHd, k_GTHd, v_TGHd.transpose(0, 1), scale=1.0)
+    o = softmax_attention(q_HTHd, k_GTHd, v_GTHd, scale=Hd**-0.5)
     return o.transpose(0, 1).reshape(T, H * Hd) @ attn.out.weight.t()
 
 
@@ -110,7 +113,12 @@ GQA_CONFIGS = [
 ]
 CCA_CONFIGS = [
     cca_config(),
-    cca_config(attention=AttentionConfig("cca", n_heads=2, n_kv_heads=1, head_dim=6, conv_kernel=3)),
+    cca_config(
+        attention=AttentionConfig(
+            "cca", n_heads=2, n_kv_heads=1, head_dim=6, conv_kernel_depthwise=3, conv_kernel_grouped=2
+        )
+    ),
+    cca_config(attention=AttentionConfig("cca", n_heads=8, n_kv_heads=2, head_dim=4, rope_fraction=0.5)),
 ]
 
 
@@ -127,26 +135,29 @@ def _perturbed(module: torch.nn.Module) -> torch.nn.Module:
 def test_gqa_matches_the_naive_reference(cfg):
     attn = _perturbed(GroupedQueryAttention(cfg).double())
     x = torch.randn(1, 7, cfg.d_model, dtype=torch.float64)
-    torch.testing.assert_close(attn(x)[0], reference_gqa(attn, x[0], cfg))
+    # RoPE angles are fp32 (as transformers computes them), the reference's exact: fp32-level tolerance
+    torch.testing.assert_close(attn(x)[0], reference_gqa(attn, x[0], cfg), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(
-    "cfg", CCA_CONFIGS, ids=lambda c: f"H{c.attention.n_heads}K{c.attention.conv_kernel}"
+    "cfg",
+    CCA_CONFIGS,
+    ids=lambda c: f"H{c.attention.n_heads}G{c.attention.n_kv_heads}K{c.attention.conv_kernel_depthwise}",
 )
 def test_cca_matches_the_naive_reference(cfg):
     attn = _perturbed(CompressedConvolutionalAttention(cfg).double())
     x = torch.randn(1, 7, cfg.d_model, dtype=torch.float64)
-    torch.testing.assert_close(attn(x)[0], reference_cca(attn, x[0], cfg))
+    torch.testing.assert_close(attn(x)[0], reference_cca(attn, x[0], cfg), rtol=1e-5, atol=1e-6)
 
 
-def test_cca_init_is_identity_convolution_and_sqrt_head_width_temperature():
+def test_cca_init_is_identity_convolution_and_unit_temperature():
     cfg = cca_config()
     attn = CompressedConvolutionalAttention(cfg)
     attn.reset_parameters(std=0.0, out_std=0.0)
-    x_BCT = torch.randn(1, attn.conv_seq.weight.shape[0], 5)
-    two_taps_of_padding = torch.nn.functional.pad(x_BCT, (2, 0))
-    torch.testing.assert_close(attn.conv_mix(attn.conv_seq(two_taps_of_padding)), x_BCT)
-    assert torch.allclose(attn.temperature_H, torch.full((attn.H,), math.sqrt(attn.Hd)))
+    x_BCT = torch.randn(1, attn.conv_depthwise.weight.shape[0], 5)
+    two_taps_of_padding = torch.nn.functional.pad(x_BCT, (attn.P, 0))
+    torch.testing.assert_close(attn.conv_grouped(attn.conv_depthwise(two_taps_of_padding)), x_BCT)
+    assert torch.equal(attn.temperature_G, torch.ones(attn.G))
 
 
 def test_cca_shrinks_parameters_and_kv_cache_against_mha():

@@ -23,9 +23,10 @@ def build(cfg) -> ZayaLM:
 
 
 def wide_cca():
-    """CCA with 3-tap convolutions: the two stacked convolutions reach 4 tokens back."""
+    """CCA with 3- and 4-tap convolutions: the two stacked convolutions reach 5 tokens back."""
     cfg = cca_config()
-    return dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, conv_kernel=3))
+    a = dataclasses.replace(cfg.attention, conv_kernel_depthwise=3, conv_kernel_grouped=4)
+    return dataclasses.replace(cfg, attention=a)
 
 
 def zaya1_router(cfg):

@@ -38,8 +38,8 @@ def test_cache_keeps_the_compressed_kv_heads_only():
     model(torch.randint(0, 40, (1, 6)), cache=cache)
     G, Hd = cfg.attention.n_kv_heads, cfg.attention.head_dim
     assert cache.layers[0]["k"].shape == cache.layers[0]["v"].shape == (1, G, 6, Hd)
-    K = cfg.attention.conv_kernel
-    assert cache.layers[0]["conv_seq"].shape[-1] == K - 1  # convolution state: the last K - 1 inputs
+    P = cfg.attention.conv_kernel_depthwise - 1 + cfg.attention.conv_kernel_grouped - 1
+    assert cache.layers[0]["conv"].shape[-1] == P  # convolution state: the last P inputs
 
 
 def test_cache_longer_than_max_seq_len_is_an_error(model):

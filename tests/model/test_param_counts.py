@@ -11,6 +11,7 @@ from model_cfgs import cca_config, small_config
 
 from zaya_pipeline.config import AttentionConfig, MoEConfig, RouterConfig, load_config
 from zaya_pipeline.model import ZayaLM, num_active_params, num_params
+from zaya_pipeline.model.attention import head_dims
 from zaya_pipeline.model.sizing import forward_flops_per_token, model_info, with_resolved_vocab
 
 CONFIGS = [
@@ -25,7 +26,9 @@ CONFIGS = [
     small_config(attention=AttentionConfig(n_heads=4, n_kv_heads=2, head_dim=6, rope_fraction=0.5)),
     cca_config(),
     cca_config(
-        attention=AttentionConfig("cca", n_heads=2, n_kv_heads=2, head_dim=4, conv_kernel=3),
+        attention=AttentionConfig(
+            "cca", n_heads=2, n_kv_heads=2, head_dim=4, conv_kernel_depthwise=3, conv_kernel_grouped=4
+        ),
         moe=MoEConfig(num_experts=4, top_k=1, expert_hidden=8, skip_expert=True, shared_expert_hidden=12),
     ),
     small_config(
@@ -132,8 +135,18 @@ def test_closed_form_forward_flops_match_torch_flop_counter(cfg):
     # Slots routed to the skip expert are not computed (the closed form does not discount them; k = 1 here).
     skipped = int(out.expert_counts_LE[:, -1].sum()) if cfg.moe.skip_expert else 0
     expert_flops = 2 * 3 * cfg.d_model * cfg.moe.expert_hidden
+    # CCA's depthwise convolution also runs on the K1 - 1 padding positions in front of each sequence (the
+    # closed form, per token, leaves out this per-sequence term)
+    padding_flops = 0
+    if cfg.attention.type == "cca":
+        H, G, Hd = head_dims(cfg)
+        a = cfg.attention
+        padding_flops = (
+            2 * (H + G) * Hd * a.conv_kernel_depthwise * (a.conv_kernel_grouped - 1) * B * cfg.n_layers
+        )
     assert (
-        counter.get_total_flops() == B * T * forward_flops_per_token(cfg, seq_len=T) - skipped * expert_flops
+        counter.get_total_flops()
+        == B * T * forward_flops_per_token(cfg, seq_len=T) - skipped * expert_flops + padding_flops
     )
 
 

@@ -72,10 +72,13 @@ def test_top1_keeps_the_raw_probability_so_the_router_learns_from_the_lm_loss():
     assert router.proj.weight.grad.abs().sum() > 0
 
 
-def zaya1(num_experts: int = 4, top_k: int = 1, d_model: int = 16, **router) -> Zaya1Router:
+def zaya1(
+    num_experts: int = 4, top_k: int = 1, d_model: int = 16, layer_idx: int = 1, **router
+) -> Zaya1Router:
+    """The router of a layer past the first (which has no EDA scale)."""
     torch.manual_seed(0)
     cfg = RouterConfig(type="zaya1", dim=32, **router)
-    r = Zaya1Router(d_model, num_experts, top_k, cfg)
+    r = Zaya1Router(d_model, num_experts, top_k, cfg, layer_idx=layer_idx)
     r.reset_parameters(std=0.2)
     return r
 
@@ -131,6 +134,7 @@ def test_zaya1_eda_adds_the_previous_layers_state():
         with_eda.eda_scale_R.fill_(0.5)
     torch.testing.assert_close(with_eda(x, prev).state_TR, with_eda(x).state_TR + 0.5 * prev)
     torch.testing.assert_close(without(x, prev).state_TR, without(x).state_TR)
+    assert zaya1(layer_idx=0).eda_scale_R is None  # the first layer has no previous state to scale
 
 
 def test_zaya1_router_state_flows_from_layer_to_layer_in_the_model():

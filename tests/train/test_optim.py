@@ -67,8 +67,8 @@ def test_every_parameter_lands_in_exactly_one_group(name, variant):
     if not variant[0]:
         assert by_name["lm_head.weight"].name == "head"
     if variant[2] == "cca":
-        assert by_name["blocks.0.attn.conv_mix.weight"].name == "conv"
-        assert by_name["blocks.0.attn.temperature_H"].name == "no_decay"
+        assert by_name["blocks.0.attn.conv_grouped.weight"].name == "conv"
+        assert by_name["blocks.0.attn.temperature_G"].name == "no_decay"
 
 
 def test_first_matching_rule_wins_and_unmatched_parameters_are_an_error():

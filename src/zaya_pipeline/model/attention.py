@@ -10,12 +10,11 @@ and CCA's convolutions and value shift read only tokens of the same document (no
 Shape legend:
     B  batch    T  new tokens    S  cached + new tokens    D  model width    H  query heads
     G  key/value heads    Hd  head width    C  packed q/k channels ((H + G) * Hd)    R  rotated pairs
-    K  convolution taps
+    V  one value half (G * Hd / 2)    P  tokens before t the two CCA convolutions reach    W  P + 1 taps
+    J  taps of the grouped convolution    N  heads (H + G)    i, o  channels of one head
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -61,8 +60,14 @@ def validate_attention_config(cfg: ModelConfig) -> None:
         raise ConfigError(f"the head width must be even and >= 2 (RoPE), got {Hd} (model.attention.head_dim)")
     if not 0.0 <= a.rope_fraction <= 1.0:
         raise ConfigError(f"model.attention.rope_fraction must be in [0, 1], got {a.rope_fraction}")
-    if a.type == "cca" and a.conv_kernel < 1:
-        raise ConfigError(f"model.attention.conv_kernel must be >= 1, got {a.conv_kernel}")
+    if a.type == "cca":
+        for key in ("conv_kernel_depthwise", "conv_kernel_grouped"):
+            if getattr(a, key) < 1:
+                raise ConfigError(f"model.attention.{key} must be >= 1, got {getattr(a, key)}")
+        if G * Hd % 2:
+            raise ConfigError(
+                f"cca: n_kv_heads x head_dim = {G * Hd} must be even (two value halves; model.attention)"
+            )
 
 
 class KVCache:
@@ -74,11 +79,10 @@ class KVCache:
         self.length = 0
 
 
-def rope_tables(max_seq_len: int, rot_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables (max_seq_len, rot_dim / 2) in fp32."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / max(rot_dim, 1)))
-    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
-    return angles.cos().float(), angles.sin().float()
+def inverse_frequencies(rot_dim: int, theta: float, device=None) -> torch.Tensor:
+    """RoPE's (rot_dim / 2,) angular frequencies, computed in fp32 exactly as transformers' ``Zaya`` does."""
+    exponents = torch.arange(0, rot_dim, 2, dtype=torch.float32, device=device) / rot_dim
+    return 1.0 / (theta**exponents)
 
 
 def apply_rope(x_BHTHd: torch.Tensor, cos_TR: torch.Tensor, sin_TR: torch.Tensor) -> torch.Tensor:
@@ -91,25 +95,28 @@ def apply_rope(x_BHTHd: torch.Tensor, cos_TR: torch.Tensor, sin_TR: torch.Tensor
 
 
 class RotaryEmbedding(nn.Module):
+    """RoPE on the first ``rotary_dim`` channels of each head. The angles are computed from the positions at
+    every call (no tables: nothing to size by ``max_seq_len``, nothing to re-create after a meta-device
+    build), in fp32 as transformers' ``Zaya`` computes them."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.rot_dim = rotary_dim(cfg)
-        cos, sin = rope_tables(cfg.max_seq_len, self.rot_dim, cfg.attention.rope_theta)
-        # Derived from the config, so not saved in checkpoints.
-        self.register_buffer("cos_TR", cos, persistent=False)
-        self.register_buffer("sin_TR", sin, persistent=False)
+        self.theta = cfg.attention.rope_theta
 
     def forward(
         self, x_BHTHd: torch.Tensor, start: int, position_ids_BT: torch.Tensor | None = None
     ) -> torch.Tensor:
         if self.rot_dim == 0:
             return x_BHTHd
+        inv_freq_R = inverse_frequencies(self.rot_dim, self.theta, x_BHTHd.device)
         if position_ids_BT is not None:  # per-token positions, broadcast over heads
-            return apply_rope(
-                x_BHTHd, self.cos_TR[position_ids_BT][:, None], self.sin_TR[position_ids_BT][:, None]
-            )
-        T = x_BHTHd.shape[2]
-        return apply_rope(x_BHTHd, self.cos_TR[start : start + T], self.sin_TR[start : start + T])
+            angles = (position_ids_BT.float()[..., None] * inv_freq_R)[:, None]
+        else:
+            T = x_BHTHd.shape[2]
+            positions_T = torch.arange(start, start + T, device=x_BHTHd.device)
+            angles = positions_T.float()[:, None] * inv_freq_R
+        return apply_rope(x_BHTHd, angles.cos(), angles.sin())
 
 
 def _extend(cache: dict | None, name: str, new_BGTHd: torch.Tensor) -> torch.Tensor:
@@ -122,9 +129,7 @@ def _extend(cache: dict | None, name: str, new_BGTHd: torch.Tensor) -> torch.Ten
     return full
 
 
-def _attend(
-    q_BHTHd, k_BGSHd, v_BGSHd, start: int, scale: float | None = None, doc_ids_BT: torch.Tensor | None = None
-) -> torch.Tensor:
+def _attend(q_BHTHd, k_BGSHd, v_BGSHd, start: int, doc_ids_BT: torch.Tensor | None = None) -> torch.Tensor:
     """Causal SDPA of T new queries (positions start..start+T-1) over S = start + T keys; G may divide H.
     With ``doc_ids_BT`` (no cache) a query sees only the keys of its own document."""
     T, S = q_BHTHd.shape[2], k_BGSHd.shape[2]
@@ -133,18 +138,14 @@ def _attend(
         causal_TT = torch.ones(T, T, dtype=torch.bool, device=q_BHTHd.device).tril()
         mask_BTT = (doc_ids_BT[:, :, None] == doc_ids_BT[:, None, :]) & causal_TT
         return F.scaled_dot_product_attention(
-            q_BHTHd, k_BGSHd, v_BGSHd, attn_mask=mask_BTT[:, None], scale=scale, enable_gqa=gqa
+            q_BHTHd, k_BGSHd, v_BGSHd, attn_mask=mask_BTT[:, None], enable_gqa=gqa
         )
     if T == S:  # no cache, or an empty one: plain causal
-        return F.scaled_dot_product_attention(
-            q_BHTHd, k_BGSHd, v_BGSHd, is_causal=True, scale=scale, enable_gqa=gqa
-        )
+        return F.scaled_dot_product_attention(q_BHTHd, k_BGSHd, v_BGSHd, is_causal=True, enable_gqa=gqa)
     # SDPA's is_causal aligns the mask top-left; with a cache the new queries sit at the bottom right.
     positions_T = torch.arange(start, start + T, device=q_BHTHd.device)
     mask_TS = torch.arange(S, device=q_BHTHd.device)[None, :] <= positions_T[:, None]
-    return F.scaled_dot_product_attention(
-        q_BHTHd, k_BGSHd, v_BGSHd, attn_mask=mask_TS, scale=scale, enable_gqa=gqa
-    )
+    return F.scaled_dot_product_attention(q_BHTHd, k_BGSHd, v_BGSHd, attn_mask=mask_TS, enable_gqa=gqa)
 
 
 class GroupedQueryAttention(nn.Module):
@@ -182,79 +183,64 @@ class GroupedQueryAttention(nn.Module):
         return self.out(o_BHTHd.transpose(1, 2).reshape(B, T, H * Hd))
 
 
-def _causal_conv(
-    conv: nn.Conv1d, x_BCT: torch.Tensor, cache: dict | None, name: str, same_BTK: torch.Tensor | None = None
-) -> torch.Tensor:
-    """``conv`` over time, left-padded with the cached last K - 1 inputs (zeros at the sequence start).
-    ``same_BTK`` (no cache): tap k of output t reads input t - (K - 1 - k) only where that is True."""
-    K = conv.kernel_size[0]
-    prev = None if cache is None else cache.get(name)
-    if prev is None:
-        prev = x_BCT.new_zeros(x_BCT.shape[0], x_BCT.shape[1], K - 1)
-    x_in = torch.cat((prev, x_BCT), dim=2)
-    if cache is not None:
-        cache[name] = x_in[:, :, x_in.shape[2] - (K - 1) :]
-    if same_BTK is None:
-        return conv(x_in)
-    # The same grouped convolution written out over the K taps, each window masked per output position.
-    B, C, T = x_BCT.shape
-    groups = conv.groups
-    win_BNiTK = (x_in.unfold(2, K, 1) * same_BTK[:, None].to(x_in.dtype)).view(B, groups, C // groups, T, K)
-    w_NoiK = conv.weight.view(groups, conv.out_channels // groups, C // groups, K)
-    return torch.einsum("bnitk,noik->bnot", win_BNiTK, w_NoiK).reshape(B, conv.out_channels, T)
-
-
-def same_document_taps(doc_ids_BT: torch.Tensor, K: int) -> torch.Tensor:
-    """``same_BTK[b, t, k]``: token t - (K - 1 - k) exists and is in token t's document."""
-    pad_BT = torch.full_like(doc_ids_BT[:, : K - 1], -1)
-    windows_BTK = torch.cat((pad_BT, doc_ids_BT), dim=1).unfold(1, K, 1)
-    return windows_BTK == doc_ids_BT[:, :, None]
+def same_document_taps(doc_ids_BT: torch.Tensor, W: int) -> torch.Tensor:
+    """``same_BTW[b, t, w]``: token t - (W - 1 - w) exists and is in token t's document."""
+    pad_BT = torch.full_like(doc_ids_BT[:, : W - 1], -1)
+    windows_BTW = torch.cat((pad_BT, doc_ids_BT), dim=1).unfold(1, W, 1)
+    return windows_BTW == doc_ids_BT[:, :, None]
 
 
 class CompressedConvolutionalAttention(nn.Module):
-    """CCA with grouped heads (CCGQA, arXiv 2510.04476), as ZAYA1 uses it; attention runs in the latent space.
+    """CCA with grouped heads (CCGQA, arXiv 2510.04476): the function of transformers' ``Zaya`` attention
+    (``ZayaCCAProjection`` + ``ZayaQKNorm`` + SDPA), with the q/k/v projections fused into one matmul.
 
-    1. Down-project x to latent queries (H x Hd), keys and values (G x Hd each): the latent widths are the
-       compression (ZAYA1: d_model 2048 -> 8 x 128 queries, 2 x 128 keys and values).
-    2. Two value streams: in every value head the first Hd/2 channels come from the current token, the last
-       Hd/2 from the previous token (zeros before the first).
-    3. Pack q|k (C channels) and run two causal convolutions over time: a depthwise one, then one that also
-       mixes the channels inside each head (kernel ``conv_kernel``, ZAYA1: 2).
-    4. q-k mean: per key/value group, the mean of its pre-convolution query heads and its key is added to the
-       convolved queries and key (a skip path that shares information between q and k).
-    5. Per-head L2 normalization of q and k, RoPE on ``rope_fraction`` of each head, queries scaled by a
-       learned per-head temperature (init sqrt(Hd): at init the logits have the scale of plain attention).
-    6. SDPA (scale 1) over the G latent key/value heads, then up-projection H x Hd -> d_model.
+    1. Down-project x to latent queries (H x Hd), keys (G x Hd) and two value halves (G x Hd / 2 each): the
+       latent widths are the compression (ZAYA1: d_model 2048 -> 8 x 128 queries, 2 x 128 keys and values).
+    2. Values: the current token's half followed by the previous token's half (zeros before the first),
+       the G x Hd concatenation read as G heads; with G = 2 the first value head is all current-token
+       channels and the second all previous-token channels.
+    3. q-k residuals, from the projections: each query head gets (q_h + k_g) / 2 with g its key/value group,
+       each key the mean of those over its group.
+    4. Pack q|k (C channels), left-pad it once by P = (K0 - 1) + (K1 - 1) zeros and run two causal
+       convolutions with biases over time: a depthwise one (kernel K0), then one that mixes the channels
+       inside each head (kernel K1). The residuals of 3 are added to their outputs.
+    5. q and k L2-normalized to norm sqrt(Hd) per head, keys multiplied by a learned temperature per
+       key/value head; RoPE on ``rope_fraction`` of each head.
+    6. SDPA (scale Hd^-1/2) over the G latent key/value heads, then up-projection H x Hd -> d_model.
 
     The decoding cache holds the final keys and values (G x Hd each per token: ZAYA1 caches 512 numbers per
-    token and layer where MHA would cache 4,096) plus the last K - 1 inputs of each convolution and the last
-    token's shifted value half.
+    token and layer where MHA would cache 4,096), the last P inputs of the convolutions and the last token's
+    previous-token value half.
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.H, self.G, self.Hd = head_dims(cfg)
         H, G, Hd = self.H, self.G, self.Hd
-        C, K = (H + G) * Hd, cfg.attention.conv_kernel
-        self.qkv = nn.Linear(cfg.d_model, (H + 2 * G) * Hd, bias=False)
-        self.conv_seq = nn.Conv1d(C, C, K, groups=C, bias=False)
-        self.conv_mix = nn.Conv1d(C, C, K, groups=H + G, bias=False)
-        self.temperature_H = nn.Parameter(torch.empty(H))
+        C, K0, K1 = (H + G) * Hd, cfg.attention.conv_kernel_depthwise, cfg.attention.conv_kernel_grouped
+        self.P = (K0 - 1) + (K1 - 1)  # tokens before t that output t reads, through both convolutions
+        self.qkv = nn.Linear(cfg.d_model, (H + 2 * G) * Hd, bias=False)  # q | k | v current | v previous
+        self.conv_depthwise = nn.Conv1d(C, C, K0, groups=C)
+        self.conv_grouped = nn.Conv1d(C, C, K1, groups=H + G)
+        self.temperature_G = nn.Parameter(torch.empty(G))
         self.out = nn.Linear(H * Hd, cfg.d_model, bias=False)
         self.rope = RotaryEmbedding(cfg)
 
     @torch.no_grad()
     def reset_parameters(self, std: float, out_std: float) -> None:
         """Projections N(0, std) (output: out_std); both convolutions start as the identity on the current
-        token plus N(0, std) noise, so the block starts close to attention on the compressed q/k."""
+        token plus N(0, std) noise, with zero biases, so the block starts close to attention on the
+        compressed q/k; temperatures 1 (**ours**: the logits then have the scale of plain attention;
+        transformers' ``Zaya`` initialises them to 0, uniform attention)."""
         nn.init.normal_(self.qkv.weight, std=std)
         nn.init.normal_(self.out.weight, std=out_std)
-        for conv in (self.conv_seq, self.conv_mix):
+        for conv in (self.conv_depthwise, self.conv_grouped):
             nn.init.normal_(conv.weight, std=std)
             per_group = conv.weight.shape[1]  # (C, C / groups, K)
             channel = torch.arange(conv.weight.shape[0], device=conv.weight.device)
             conv.weight[channel, channel % per_group, -1] += 1.0
-        nn.init.constant_(self.temperature_H, math.sqrt(self.Hd))
+            nn.init.zeros_(conv.bias)
+        nn.init.ones_(self.temperature_G)
 
     def forward(
         self,
@@ -266,47 +252,70 @@ class CompressedConvolutionalAttention(nn.Module):
     ) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         H, G, Hd = self.H, self.G, self.Hd
-        q, k, v = self.qkv(x_BTD).split((H * Hd, G * Hd, G * Hd), dim=-1)
-        same_BTK = (
-            None if doc_ids_BT is None else same_document_taps(doc_ids_BT, self.conv_seq.kernel_size[0])
-        )
+        q, k, v_now, v_prev_src = self.qkv(x_BTD).split((H * Hd, G * Hd, G * Hd // 2, G * Hd // 2), dim=-1)
 
-        # Two value streams: the second half of each head is the previous token's.
-        v_BTGHd = v.view(B, T, G, Hd)
-        half = Hd // 2
-        v_now, v_prev_src = v_BTGHd[..., :half], v_BTGHd[..., half:]
-        prev = None if cache is None else cache.get("v_shift")
-        if prev is None:
-            prev = v_prev_src.new_zeros(B, 1, G, Hd - half)
-        v_prev = torch.cat((prev, v_prev_src[:, :-1]), dim=1)
-        if doc_ids_BT is not None:  # a document's first token gets zeros, as at the sequence start
-            v_prev = v_prev * (same_document_taps(doc_ids_BT, 2)[:, :, 0, None, None]).to(v_prev.dtype)
-        if cache is not None:
-            cache["v_shift"] = v_prev_src[:, -1:]
-        v_BGTHd = torch.cat((v_now, v_prev), dim=-1).transpose(1, 2)
-
-        # Causal convolutions over the packed q|k, then the q-k mean skip path.
-        qk_BCT = torch.cat((q, k), dim=-1).transpose(1, 2)
-        qk_BCT = _causal_conv(
-            self.conv_mix,
-            _causal_conv(self.conv_seq, qk_BCT, cache, "conv_seq", same_BTK),
-            cache,
-            "conv_mix",
-            same_BTK,
-        )
+        q_res_BTHHd = 0.5 * (q.view(B, T, H, Hd) + k.view(B, T, G, Hd).repeat_interleave(H // G, dim=2))
+        k_res_BTGHd = q_res_BTHHd.view(B, T, G, H // G, Hd).mean(dim=3)
+        qk_BCT = self._convolve(torch.cat((q, k), dim=-1).transpose(1, 2), cache, doc_ids_BT)
         q_conv, k_conv = qk_BCT.transpose(1, 2).split((H * Hd, G * Hd), dim=-1)
-        mean_BTGHd = 0.5 * (q.view(B, T, G, H // G, Hd).mean(dim=3) + k.view(B, T, G, Hd))
-        q_BTHHd = q_conv.view(B, T, H, Hd) + mean_BTGHd.repeat_interleave(H // G, dim=2)
-        k_BTGHd = k_conv.view(B, T, G, Hd) + mean_BTGHd
+        q_BTHHd = q_conv.view(B, T, H, Hd) + q_res_BTHHd
+        k_BTGHd = k_conv.view(B, T, G, Hd) + k_res_BTGHd
+        v_BGTHd = self._values(v_now, v_prev_src, cache, doc_ids_BT).transpose(1, 2)
 
-        q_BHTHd = F.normalize(q_BTHHd.transpose(1, 2), dim=-1) * self.temperature_H[:, None, None].to(q.dtype)
-        k_BGTHd = F.normalize(k_BTGHd.transpose(1, 2), dim=-1)
-        q_BHTHd = self.rope(q_BHTHd, start, position_ids_BT)
-        k_BGTHd = self.rope(k_BGTHd, start, position_ids_BT)
+        q_BTHHd = _to_norm(q_BTHHd, Hd**0.5)
+        k_BTGHd = _to_norm(k_BTGHd, Hd**0.5) * self.temperature_G[:, None].to(k_BTGHd.dtype)
+        q_BHTHd = self.rope(q_BTHHd.transpose(1, 2), start, position_ids_BT)
+        k_BGTHd = self.rope(k_BTGHd.transpose(1, 2), start, position_ids_BT)
         k_BGSHd = _extend(cache, "k", k_BGTHd)
         v_BGSHd = _extend(cache, "v", v_BGTHd)
-        o_BHTHd = _attend(q_BHTHd, k_BGSHd, v_BGSHd, start, scale=1.0, doc_ids_BT=doc_ids_BT)
+        o_BHTHd = _attend(q_BHTHd, k_BGSHd, v_BGSHd, start, doc_ids_BT=doc_ids_BT)
         return self.out(o_BHTHd.transpose(1, 2).reshape(B, T, H * Hd))
+
+    def _convolve(self, x_BCT: torch.Tensor, cache: dict | None, doc_ids_BT: torch.Tensor | None):
+        """Both convolutions over x left-padded by P cached inputs (zeros at the sequence start), so that the
+        depthwise one also runs on the P padding positions (its bias reaches the first outputs).
+
+        ``doc_ids_BT`` (no cache): output t reads input t - j only if that token is in t's document (as if
+        the document stood alone: zeros before its start), written out over the P + 1 taps."""
+        B, C, T = x_BCT.shape
+        prev_BCP = None if cache is None else cache.get("conv")
+        if prev_BCP is None:
+            prev_BCP = x_BCT.new_zeros(B, C, self.P)
+        x_in = torch.cat((prev_BCP, x_BCT), dim=2)
+        if cache is not None:
+            cache["conv"] = x_in[:, :, x_in.shape[2] - self.P :]
+        dw, gr = self.conv_depthwise, self.conv_grouped
+        if doc_ids_BT is None:
+            return gr(dw(x_in))
+        K0, K1, N = dw.kernel_size[0], gr.kernel_size[0], gr.groups
+        same_BTW = same_document_taps(doc_ids_BT, self.P + 1)
+        win_BCTW = x_in.unfold(2, self.P + 1, 1) * same_BTW[:, None].to(x_in.dtype)
+        # the depthwise convolution at the K1 positions t - K1 + 1 .. t, each from its K0 taps of the window
+        dw_BCTJ = torch.einsum("bctji,ci->bctj", win_BCTW.unfold(3, K0, 1), dw.weight.view(C, K0))
+        dw_BNiTJ = (dw_BCTJ + dw.bias[:, None, None]).view(B, N, C // N, T, K1)
+        w_NoiJ = gr.weight.view(N, C // N, C // N, K1)
+        out_BCT = torch.einsum("bnitj,noij->bnot", dw_BNiTJ, w_NoiJ).reshape(B, C, T)
+        return out_BCT + gr.bias[:, None]
+
+    def _values(self, v_now_BTV, v_prev_src_BTV, cache: dict | None, doc_ids_BT: torch.Tensor | None):
+        """(B, T, G, Hd) values: the current token's half, then the previous token's (zeros before the first
+        token, and at a document's first token with ``doc_ids_BT``)."""
+        B, T, _ = v_now_BTV.shape
+        prev = None if cache is None else cache.get("v_prev")
+        if prev is None:
+            prev = v_prev_src_BTV.new_zeros(B, 1, v_prev_src_BTV.shape[-1])
+        v_prev_BTV = torch.cat((prev, v_prev_src_BTV[:, :-1]), dim=1)
+        if doc_ids_BT is not None:
+            v_prev_BTV = v_prev_BTV * same_document_taps(doc_ids_BT, 2)[:, :, :1].to(v_prev_BTV.dtype)
+        if cache is not None:
+            cache["v_prev"] = v_prev_src_BTV[:, -1:]
+        return torch.cat((v_now_BTV, v_prev_BTV), dim=-1).view(B, T, self.G, self.Hd)
+
+
+def _to_norm(x: torch.Tensor, norm: float) -> torch.Tensor:
+    """x rescaled to L2 norm ``norm`` along the last dim (transformers' ``ZayaQKNorm``: the divisor is
+    clamped at the dtype's machine epsilon)."""
+    return x * (norm / x.norm(p=2, dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).eps))
 
 
 def build_attention(cfg: ModelConfig) -> nn.Module:

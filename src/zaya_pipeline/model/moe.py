@@ -90,7 +90,7 @@ class RoutedExperts(nn.Module):
 
 
 class MoE(nn.Module):
-    def __init__(self, d_model: int, cfg: MoEConfig):
+    def __init__(self, d_model: int, cfg: MoEConfig, norm_eps: float = 1e-5, layer_idx: int = 0):
         super().__init__()
         if not 1 <= cfg.top_k <= cfg.num_experts:
             raise ConfigError(f"model.moe.top_k must be in [1, model.moe.num_experts], got {cfg.top_k}")
@@ -106,7 +106,7 @@ class MoE(nn.Module):
         self.capacity_factor = cfg.capacity_factor
         self.aux_loss_coef = cfg.router.aux_loss_coef
         self.z_loss_coef = cfg.router.z_loss_coef
-        self.router = build_router(d_model, cfg)
+        self.router = build_router(d_model, cfg, norm_eps, layer_idx)
         self.experts = RoutedExperts(cfg.num_experts, d_model, cfg.expert_hidden, cfg.expert_backend)
         self.shared = SharedExpert(d_model, cfg.shared_expert_hidden) if cfg.shared_expert_hidden else None
 

@@ -83,8 +83,11 @@ def _gates(probs_TE: torch.Tensor, topk_ids_TK: torch.Tensor) -> torch.Tensor:
 
 
 class Zaya1Router(nn.Module):
-    """The ZAYA1 router: down-projection, EDA, RMSNorm, Linear-GELU-Linear-GELU-Linear, softmax.
+    """The ZAYA1 router, the function of transformers' ``ZayaRouter``: down-projection (with bias), EDA,
+    RMSNorm, Linear-GELU-Linear-GELU-Linear (the first two with biases), softmax.
 
+    EDA (exponential depth averaging): from the second layer on, the previous layer's router state (its
+    down-projection after its own EDA) times a learned per-channel scale is added to the down-projection.
     Experts are SELECTED on ``probs + expert_bias`` (a buffer with no gradient) and GATED by the unbiased
     probabilities (aux-loss-free balancing, as in DeepSeek-V3). ``update_bias()`` runs once per optimizer
     step: a PI controller on each expert's relative load error since the last update raises the bias of
@@ -101,19 +104,21 @@ class Zaya1Router(nn.Module):
         cfg: RouterConfig,
         skip_bias_init: float | None = None,
         eps: float = 1e-5,
+        layer_idx: int = 0,
     ):
         super().__init__()
         E = num_experts + (skip_bias_init is not None)
         R = cfg.dim
         self.num_experts, self.top_k, self.skip_bias_init = E, top_k, skip_bias_init
         self.p_gain, self.i_gain = cfg.bias_p_gain, cfg.bias_i_gain
-        self.down = nn.Linear(d_model, R, bias=False)
-        self.eda_scale_R = nn.Parameter(torch.zeros(R)) if cfg.eda else None
+        self.down = nn.Linear(d_model, R)
+        # the first layer has no previous router state, so no scale (as in transformers' ZayaRouter)
+        self.eda_scale_R = nn.Parameter(torch.zeros(R)) if cfg.eda and layer_idx > 0 else None
         self.norm = nn.RMSNorm(R, eps=eps)
         self.mlp = nn.Sequential(
-            nn.Linear(R, R, bias=False),
+            nn.Linear(R, R),
             nn.GELU(),
-            nn.Linear(R, R, bias=False),
+            nn.Linear(R, R),
             nn.GELU(),
             nn.Linear(R, E, bias=False),
         )
@@ -132,8 +137,12 @@ class Zaya1Router(nn.Module):
         self.pending_counts_E.zero_()
 
     def reset_parameters(self, std: float) -> None:
+        """Weights N(0, std), biases 0, EDA scales 0 (**ours**: a layer starts without its predecessor's
+        state; transformers' ``Zaya`` initialises them to 1)."""
         for linear in (self.down, self.mlp[0], self.mlp[2], self.mlp[4]):
             nn.init.normal_(linear.weight, std=std)
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
         if self.eda_scale_R is not None:
             nn.init.zeros_(self.eda_scale_R)
         self._reset_balancing()
@@ -181,7 +190,8 @@ class Zaya1Router(nn.Module):
             self.pending_counts_E.copy_(torch.where(apply, 0, self.pending_counts_E))
 
 
-def build_router(d_model: int, cfg: MoEConfig) -> nn.Module:
+def build_router(d_model: int, cfg: MoEConfig, eps: float = 1e-5, layer_idx: int = 0) -> nn.Module:
+    """The router of layer ``layer_idx`` (the ZAYA1 router's EDA starts at layer 1); ``eps``: its norm's."""
     if cfg.router.type not in ROUTER_TYPES:
         raise ConfigError(
             f"model.moe.router.type: unknown router {cfg.router.type!r}; choose one of {list(ROUTER_TYPES)}"
@@ -190,5 +200,5 @@ def build_router(d_model: int, cfg: MoEConfig) -> nn.Module:
         if cfg.router.dim < 1:
             raise ConfigError(f"model.moe.router.dim must be >= 1, got {cfg.router.dim}")
         skip_bias = cfg.skip_bias_init if cfg.skip_expert else None
-        return Zaya1Router(d_model, cfg.num_experts, cfg.top_k, cfg.router, skip_bias)
+        return Zaya1Router(d_model, cfg.num_experts, cfg.top_k, cfg.router, skip_bias, eps, layer_idx)
     return LinearRouter(d_model, cfg.num_experts + int(cfg.skip_expert), cfg.top_k)

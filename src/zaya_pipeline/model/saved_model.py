@@ -1,7 +1,12 @@
 """``model.pt``: the model config and weights in one ``torch.save`` file, enough to rebuild ``ZayaLM``.
 
-Format: ``{"model_config": dataclasses.asdict(ModelConfig), "state_dict": ZayaLM.state_dict()}``; it loads
-with ``torch.load(weights_only=True)`` (plain types and tensors only).
+Format: ``{"format": 2, "model_config": dataclasses.asdict(ModelConfig), "state_dict": ZayaLM.state_dict()}``;
+it loads with ``torch.load(weights_only=True)`` (plain types and tensors only).
+
+Format 2 (2026-12): ``cca`` attention, the ``zaya1`` router and residual scaling compute transformers'
+``Zaya`` function (docs/adr/0010). A format-1 file (no ``format`` key) that uses none of the three loads as
+before (GQA attention and the linear router did not change); one that uses any of them is refused with one
+line, since its weights mean something else now.
 """
 
 from __future__ import annotations
@@ -15,8 +20,34 @@ from typing import get_type_hints
 import torch
 
 from zaya_pipeline.config import ModelConfig
-from zaya_pipeline.errors import DataError
+from zaya_pipeline.errors import DataError, first_line
 from zaya_pipeline.model.transformer import ZayaLM
+
+
+FORMAT = 2
+
+
+def upgrade_config(d: dict, origin: str) -> dict:
+    """A model config dict of any format as format 2 (see the module docstring); refuses what cannot be."""
+    attention = d.get("attention") or {}
+    if "conv_kernel" not in attention:
+        return d
+    router = (d.get("moe") or {}).get("router") or {}
+    changed = [
+        key
+        for key, used in (
+            ("model.attention.type=cca", attention.get("type") == "cca"),
+            ("model.moe.router.type=zaya1", router.get("type") == "zaya1"),
+            ("model.residual_scaling=true", bool(d.get("residual_scaling"))),
+        )
+        if used
+    ]
+    if changed:
+        raise DataError(
+            f"{origin}: saved by zaya_pipeline before its {changed[0]} became transformers' Zaya function "
+            "(docs/adr/0010-zaya-exact.md); retrain the model, or use the version that trained it"
+        )
+    return {**d, "attention": {k: v for k, v in attention.items() if k != "conv_kernel"}}
 
 
 def model_config_from_dict(d: dict, origin: str) -> ModelConfig:
@@ -35,7 +66,7 @@ def model_config_from_dict(d: dict, origin: str) -> ModelConfig:
         }
         return cls(**{**values, **nested})
 
-    return build(ModelConfig, d, "model.")
+    return build(ModelConfig, upgrade_config(d, origin), "model.")
 
 
 def save_model(path: str | Path, model: ZayaLM, model_cfg: ModelConfig, state: dict | None = None) -> Path:
@@ -48,7 +79,7 @@ def save_model(path: str | Path, model: ZayaLM, model_cfg: ModelConfig, state: d
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(fd)
     try:
-        torch.save({"model_config": asdict(model_cfg), "state_dict": state}, tmp)
+        torch.save({"format": FORMAT, "model_config": asdict(model_cfg), "state_dict": state}, tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -56,17 +87,23 @@ def save_model(path: str | Path, model: ZayaLM, model_cfg: ModelConfig, state: d
     return path
 
 
-def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[ZayaLM, ModelConfig]:
-    """The saved model in eval mode on ``map_location``, and its config."""
+def read_model_file(path: str | Path, weights: bool = True) -> tuple[ModelConfig, dict | None]:
+    """The config and (``weights``) the state dict of a ``model.pt``; ``weights=False`` maps the file
+    without reading its tensors. Anything that is not one is one line naming the file."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path} is missing: run the train stage first (zaya train)")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=not weights)
         cfg = model_config_from_dict(ckpt["model_config"], str(path))
-        state = ckpt["state_dict"]
+        return cfg, ckpt["state_dict"] if weights else None
     except (KeyError, TypeError, RuntimeError, EOFError) as exc:
-        raise DataError(f"{path} is not a zaya model checkpoint: {exc}") from None
+        raise DataError(f"{path} is not a zaya model checkpoint: {first_line(exc)}") from None
+
+
+def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[ZayaLM, ModelConfig]:
+    """The saved model in eval mode on ``map_location``, and its config."""
+    cfg, state = read_model_file(path)
     model = ZayaLM(cfg)
     model.load_state_dict(state)
     return model.to(map_location).eval(), cfg

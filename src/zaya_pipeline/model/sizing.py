@@ -27,18 +27,27 @@ def attention_params(cfg: ModelConfig) -> tuple[int, int]:
     matmul = (H + 2 * G) * Hd * D + H * Hd * D  # fused q/k/v (down-)projection + output projection
     if cfg.attention.type != "cca":
         return matmul, matmul
-    C, K = (H + G) * Hd, cfg.attention.conv_kernel
-    matmul += C * K + C * Hd * K  # depthwise conv + per-head channel-mixing conv (one MAC per weight)
-    return matmul + H, matmul  # + per-head temperature
+    a = cfg.attention
+    C = (H + G) * Hd
+    matmul += C * a.conv_kernel_depthwise + C * Hd * a.conv_kernel_grouped  # one MAC per weight
+    return matmul + 2 * C + G, matmul  # + the two convolutions' biases, a temperature per kv head
 
 
 def router_params(cfg: ModelConfig) -> tuple[int, int]:
-    """(all router parameters, those in matmuls) of one layer."""
+    """(all router parameters, those in matmuls) of one layer, EDA scales aside (``eda_params``)."""
     D, E, r = cfg.d_model, cfg.moe.num_experts + int(cfg.moe.skip_expert), cfg.moe.router
     if r.type != "zaya1":
         return D * E, D * E
     matmul = D * r.dim + 2 * r.dim * r.dim + r.dim * E  # down-projection, MLP (R x R, R x R, R x E)
-    return matmul + r.dim * (1 + int(r.eda)), matmul  # + router RMSNorm weight, EDA scale
+    return matmul + 4 * r.dim, matmul  # + biases of the down-projection and the first two MLP layers, norm
+
+
+def model_vectors(cfg: ModelConfig) -> int:
+    """Per-channel parameters outside the layers' own: the final norm, the input scaling and the EDA
+    scales (ZAYA1 router: every layer but the first)."""
+    r = cfg.moe.router
+    eda = r.dim * (cfg.n_layers - 1) if r.type == "zaya1" and r.eda else 0
+    return cfg.d_model * (1 + (2 if cfg.residual_scaling else 0)) + eda
 
 
 def _count(cfg: ModelConfig, experts_used: int, include_embedding: bool) -> int:
@@ -48,7 +57,7 @@ def _count(cfg: ModelConfig, experts_used: int, include_embedding: bool) -> int:
     router = router_params(cfg)[0]
     # gate + up (D x 2F) and down (F x D) per expert used, and the shared expert every token uses
     experts = (experts_used * F + cfg.moe.shared_expert_hidden) * 3 * D
-    total = cfg.n_layers * (attention + norms + router + experts) + D  # + final norm
+    total = cfg.n_layers * (attention + norms + router + experts) + model_vectors(cfg)
     if include_embedding:
         total += cfg.vocab_size * D * (1 if cfg.tie_embeddings else 2)
     return total
@@ -63,11 +72,12 @@ def num_active_params(cfg: ModelConfig, include_embedding: bool = True) -> int:
 
 
 def matmul_params_per_token(cfg: ModelConfig) -> int:
-    """Weights a token multiplies by: active non-embedding weights less norms and scales, plus unembedding."""
+    """Weights a token multiplies by: active non-embedding weights less norms, scales and biases, plus
+    unembedding."""
     router_total, router_matmul = router_params(cfg)
     attention_total, attention_matmul = attention_params(cfg)
     per_layer = per_layer_vectors(cfg) + router_total - router_matmul + attention_total - attention_matmul
-    not_matmul = cfg.n_layers * per_layer + cfg.d_model
+    not_matmul = cfg.n_layers * per_layer + model_vectors(cfg)
     return num_active_params(cfg, include_embedding=False) - not_matmul + cfg.vocab_size * cfg.d_model
 
 

@@ -41,8 +41,9 @@ def validate_model_config(cfg: ModelConfig) -> None:
 
 
 class ResidualAdd(nn.Module):
-    """``x + f`` (plain), or with residual scaling ``(a_r * x + b_r) + (a_o * f + b_o)``: learnable
-    per-channel scales (init 1) and biases (init 0) on the residual stream and on the sub-block's output."""
+    """``x + f`` (plain), or with residual scaling ``(f + b_o) * a_o + (x + b_r) * a_r``: learnable
+    per-channel scales (init 1) and biases (init 0) on the sub-block's output and on the residual stream, in
+    the form of transformers' ``ZayaResidualScaling`` (biases added before the scales)."""
 
     def __init__(self, d_model: int, scaled: bool):
         super().__init__()
@@ -62,17 +63,17 @@ class ResidualAdd(nn.Module):
     def forward(self, x_BTD: torch.Tensor, f_BTD: torch.Tensor) -> torch.Tensor:
         if not self.scaled:
             return x_BTD + f_BTD
-        return (self.res_scale_D * x_BTD + self.res_bias_D) + (self.out_scale_D * f_BTD + self.out_bias_D)
+        return (f_BTD + self.out_bias_D) * self.out_scale_D + (x_BTD + self.res_bias_D) * self.res_scale_D
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0):
         super().__init__()
         self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.attn = build_attention(cfg)
         self.attn_add = ResidualAdd(cfg.d_model, cfg.residual_scaling)
         self.moe_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.moe = MoE(cfg.d_model, cfg.moe)
+        self.moe = MoE(cfg.d_model, cfg.moe, cfg.norm_eps, layer_idx)
         self.moe_add = ResidualAdd(cfg.d_model, cfg.residual_scaling)
 
     def forward(
@@ -104,7 +105,10 @@ class ZayaLM(nn.Module):
         validate_model_config(cfg)
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        if cfg.residual_scaling:  # (embedding + bias) * scale, per channel, before the first block
+            self.input_scale_D = nn.Parameter(torch.ones(cfg.d_model))
+            self.input_bias_D = nn.Parameter(torch.zeros(cfg.d_model))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.final_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.reset_parameters()
@@ -123,6 +127,9 @@ class ZayaLM(nn.Module):
             block.moe.reset_parameters(std, out_std)
             block.attn_add.reset_parameters()
             block.moe_add.reset_parameters()
+        if self.cfg.residual_scaling:
+            nn.init.ones_(self.input_scale_D)
+            nn.init.zeros_(self.input_bias_D)
         for module in self.modules():
             if isinstance(module, nn.RMSNorm):
                 nn.init.ones_(module.weight)
@@ -162,6 +169,8 @@ class ZayaLM(nn.Module):
         if cache is not None and (position_ids_BT is not None or doc_ids_BT is not None):
             raise ValueError("position_ids_BT / doc_ids_BT are for packed training sequences, not a cache")
         x_BTD = self.embed(input_ids_BT)
+        if self.cfg.residual_scaling:
+            x_BTD = (x_BTD + self.input_bias_D) * self.input_scale_D
         aux_losses, z_losses, counts, dropped, router_state_TR = [], [], [], [], None
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache.layers[i]

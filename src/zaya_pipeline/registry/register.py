@@ -197,15 +197,9 @@ def _discard(what: str, delete) -> None:
 
 
 def _model_config(path: Path):
-    import torch
+    from zaya_pipeline.model.saved_model import read_model_file
 
-    from zaya_pipeline.model.saved_model import model_config_from_dict
-
-    try:  # mmap: the weights are not read, only the config next to them
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        return model_config_from_dict(ckpt["model_config"], str(path))
-    except (KeyError, TypeError, RuntimeError, EOFError) as exc:
-        raise DataError(f"{path} is not a zaya model checkpoint: {exc}") from None
+    return read_model_file(path, weights=False)[0]  # the weights are not read, only the config
 
 
 def lineage_tags(cfg, metrics, weights, config_sha, commit, dirty, value) -> dict[str, str]:

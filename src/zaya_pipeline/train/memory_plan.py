@@ -202,9 +202,11 @@ def attention_saved(m: ModelConfig, B: int, T: int, c: int) -> int:
         roped = 2 * Q + KV if rotary_dim(m) else 0
         return N * c * (m.d_model + Q + 2 * KV + Q + roped) + lse
     C = Q + KV
-    # x_norm; the two conv inputs (K - 1 zero columns in front); q, k before their L2 norm and the norms;
-    # normalized q (temperature's input); SDPA's q, k and the value streams; SDPA out and its copy
-    convs = 2 * (N + B * (m.attention.conv_kernel - 1)) * C
+    # x_norm; the two conv inputs (P = K0 - 1 + K1 - 1 zero columns in front of the first, K1 - 1 extra
+    # outputs of the first); q, k before their L2 norm and the norms; normalized q (temperature's input);
+    # SDPA's q, k and the value streams; SDPA out and its copy
+    K0, K1 = m.attention.conv_kernel_depthwise, m.attention.conv_kernel_grouped
+    convs = (2 * N + B * (K0 - 1 + 2 * (K1 - 1))) * C
     norms = 2 * N * (H + G)
     return c * (N * (m.d_model + C + Q + Q + 2 * KV + Q + Q) + convs + norms) + lse
 

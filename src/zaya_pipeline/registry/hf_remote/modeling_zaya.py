@@ -11,7 +11,7 @@ import torch
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from zaya_pipeline.model.attention import KVCache, RotaryEmbedding, rope_tables
+from zaya_pipeline.model.attention import KVCache
 from zaya_pipeline.model.saved_model import model_config_from_dict
 from zaya_pipeline.model.transformer import ZayaLM
 
@@ -34,20 +34,7 @@ class ZayaForCausalLM(PreTrainedModel, GenerationMixin):
         return False  # ZayaLM keeps its own cache (CCA also caches convolution inputs)
 
     def _init_weights(self, module) -> None:
-        """Weights come from the checkpoint; the RoPE tables (buffers derived from the config, not saved)
-        are computed again, since from_pretrained builds the model without running its initialisers."""
-        if isinstance(module, RotaryEmbedding):
-            cfg = self.model.cfg
-            cos, sin = rope_tables(cfg.max_seq_len, module.rot_dim, cfg.attention.rope_theta)
-            module.cos_TR = cos.to(module.cos_TR.device)
-            module.sin_TR = sin.to(module.sin_TR.device)
-
-    @classmethod
-    def from_pretrained(cls, *args, **kwargs):
-        model = super().from_pretrained(*args, **kwargs)
-        for module in model.modules():
-            model._init_weights(module)  # whatever transformers did or skipped, the tables are right
-        return model
+        """Every weight comes from the checkpoint: nothing to initialise (ZayaLM keeps no derived tables)."""
 
     def get_input_embeddings(self):
         return self.model.embed
