@@ -30,6 +30,7 @@ from support.wiring import (
 # Lowest first: a module may import its own layer and the layers below it, never one above.
 LAYERS: list[set[str]] = [
     {"", "errors", "utils", "config", "config_keys", "config_reads", "progress", "profiling", "tracking"},
+    {"hf_config"},
     {"kernels"},
     {"ops"},
     {"model"},

@@ -66,6 +66,7 @@ def _usage() -> str:
     lines += [f"  {'params':<10} {PARAMS_HELP} (--out FILE, default params.yaml)"]
     lines += [f"  {'generate':<10} generate with a registered model: --model models:/<name>@champion PROMPT"]
     lines += [f"  {'export':<10} a Hugging Face model folder: --model models:/<name>@champion --out DIR"]
+    lines += [f"  {'import':<10} a transformers `zaya` folder (ZAYA1) to model.pt: --from DIR --out FILE.pt"]
     lines += [
         f"  {'kernels':<10} static report: every expert kernel x config compiled for MI300X..A100 (--help)"
     ]
@@ -197,6 +198,19 @@ def _export_command(argv: list[str]) -> None:
         sys.exit(exc.exit_code)
 
 
+def _import_command(argv: list[str]) -> None:
+    from zaya_pipeline.registry.hf_import import import_command
+
+    try:
+        result = import_command(argv)
+    except ZayaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    print(result["model"])
+    if result["tokenizer"]:
+        print(result["tokenizer"])
+
+
 def _kernels_command(argv: list[str]) -> None:
     import os
 
@@ -234,6 +248,9 @@ def _main(argv: list[str] | None = None) -> None:
         return
     if stage == "export":
         _export_command(rest)
+        return
+    if stage == "import":
+        _import_command(rest)
         return
     if stage == "kernels":
         _kernels_command(rest)

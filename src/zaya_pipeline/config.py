@@ -426,6 +426,10 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps between checkpoints (paths.checkpoints/step<N>, DCP); 0 = none
     checkpoint_keep: int = 0  # keep the newest N checkpoints; 0 = all
     resume: str = ""  # "" = fresh run; "auto" = latest checkpoint in paths.checkpoints; or a step<N> dir
+    # Continued pretraining: start from these weights, a model.pt or a transformers `zaya` folder (ZAYA1's),
+    # with a fresh optimizer and the schedule from step 0; "" = random init. A resumed run (train.resume)
+    # continues from its checkpoint instead. model.* must describe those weights (model/pretrained.py).
+    init_from: str = ""
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     batch_ramp: BatchRampConfig = field(default_factory=BatchRampConfig)

@@ -42,8 +42,8 @@ def softmax_attention(q_HTHd, k_GTHd, v_GTHd, scale: float) -> torch.Tensor:
 
 
 def causal_conv(x_TC: torch.Tensor, conv: torch.nn.Conv1d) -> torch.Tensor:
-    """out[t, o] = b[o] + sum over taps j and the input channels i of o's group: w[o, i, j] * x[t - K + 1 + j, i]
-    for the T - K + 1 positions t that have all their taps (the caller pads)."""
+    """out[t, o] = b[o] + sum over taps j and the input channels i of o's group of w[o, i, j] *
+    x[t - K + 1 + j, i], for the T - K + 1 positions t that have all their taps (the caller pads)."""
     T, C = x_TC.shape
     weight, K, groups = conv.weight, conv.kernel_size[0], conv.groups
     per = C // groups

@@ -1,7 +1,9 @@
 """``zaya export``: transformers itself, in a fresh process, loads the Hugging Face folder of each model
-variant (GQA and CCA attention, linear and ZAYA1 routers, with and without the skip expert) with
-``trust_remote_code=True``; its logits equal ours and its greedy ``generate`` (with the KV cache) gives our
-tokens. From a registered version, it generates the text ``zaya generate`` does."""
+variant. ZAYA1's architecture (CCA, the ZAYA1 router with its skip expert, top-1) is written in
+transformers' own ``zaya`` format and loads as its ``ZayaForCausalLM`` without remote code; the ablation arms
+(GQA attention, the linear router, no skip expert) fall back to remote code (``trust_remote_code=True``).
+Either way its logits equal ours and its greedy ``generate`` (with a KV cache) gives our tokens. From a
+registered version, it generates the text ``zaya generate`` does."""
 
 from __future__ import annotations
 
@@ -29,17 +31,25 @@ PROMPT = "document 3: the café"
 NEW_TOKENS = 8
 
 # What a fresh process does with an exported folder: transformers' Auto classes, nothing of ours imported
-# by hand (the remote code imports zaya_pipeline itself).
+# by hand (the remote code of a fallback folder imports zaya_pipeline itself). Remote code is allowed only
+# for a folder whose config.json says zaya_moe; everything transformers logs or warns is returned.
 HF_SIDE = """
-import json, sys, torch
+import io, json, logging, sys, warnings, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+logs = io.StringIO()
+handler = logging.StreamHandler(logs)
+logging.getLogger("transformers").addHandler(handler)
+warnings.simplefilter("always")
 out = {}
 for folder in sys.argv[2:]:
-    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
-    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    remote = json.load(open(folder + "/config.json"))["model_type"] == "zaya_moe"
+    with warnings.catch_warnings(record=True) as caught:
+        model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=remote)
+        tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=remote)
+    embed = model.get_input_embeddings()
     ids = tok(sys.argv[1], return_tensors="pt").input_ids
     steps = []
-    hook = model.model.embed.register_forward_hook(lambda m, i, o: steps.append(i[0].shape[1]))
+    hook = embed.register_forward_hook(lambda m, i, o: steps.append(i[0].shape[1]))
     with torch.no_grad():
         logits = model(ids).logits[0].tolist()
         steps.clear()
@@ -48,7 +58,10 @@ for folder in sys.argv[2:]:
         "ids": ids[0].tolist(), "logits": logits, "generated": gen, "steps": steps,
         "text": tok.decode(gen[ids.shape[1]:], skip_special_tokens=True),
         "special": [tok.bos_token, tok.eos_token, tok.pad_token], "model_type": model.config.model_type,
+        "class": f"{type(model).__module__}.{type(model).__name__}",
+        "warnings": [str(w.message) for w in caught], "logs": logs.getvalue(),
     }
+    logs.truncate(0)
 print(json.dumps(out))
 """.replace("NEW_TOKENS", str(NEW_TOKENS))
 
@@ -60,20 +73,16 @@ def hf_side(prompt: str, folders: list[Path]) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+CCA = AttentionConfig("cca", n_heads=4, n_kv_heads=2, head_dim=8, rope_fraction=0.5)
+# name -> (attention, router, skip expert, residual scaling); the first is transformers' own zaya format
 VARIANTS = {
-    "gqa-linear": (AttentionConfig(n_heads=2), RouterConfig(), False),
-    "gqa-zaya1-skip": (AttentionConfig(n_heads=2), RouterConfig(type="zaya1", dim=8), True),
-    "cca-linear-skip": (
-        AttentionConfig("cca", n_heads=4, n_kv_heads=2, head_dim=8, rope_fraction=0.5),
-        RouterConfig(),
-        True,
-    ),
-    "cca-zaya1": (
-        AttentionConfig("cca", n_heads=4, n_kv_heads=2, head_dim=8, rope_fraction=0.5),
-        RouterConfig(type="zaya1", dim=8),
-        False,
-    ),
+    "zaya": (CCA, RouterConfig(type="zaya1", dim=8), True, True),
+    "gqa-linear": (AttentionConfig(n_heads=2), RouterConfig(), False, False),
+    "gqa-zaya1-skip": (AttentionConfig(n_heads=2), RouterConfig(type="zaya1", dim=8), True, False),
+    "cca-linear-skip": (CCA, RouterConfig(), True, False),
+    "cca-zaya1": (CCA, RouterConfig(type="zaya1", dim=8), False, True),
 }
+ZAYA_FORMAT = {"zaya"}
 
 
 @pytest.fixture(scope="module")
@@ -93,16 +102,19 @@ def tokenizer_dir(tmp_path_factory) -> Path:
 
 
 def variant_model(name: str, vocab: int, path: Path, max_seq_len: int = 48) -> Path:
-    attention, router, skip = VARIANTS[name]
+    attention, router, skip, scaled = VARIANTS[name]
     torch.manual_seed(len(name))
     cfg = ModelConfig(
         vocab_size=vocab, d_model=32, n_layers=2, max_seq_len=max_seq_len, attention=attention,
-        tie_embeddings=False,
+        tie_embeddings=False, residual_scaling=scaled,
         moe=MoEConfig(num_experts=4, top_k=1, expert_hidden=16, skip_expert=skip, router=router),
     )  # fmt: skip
     model = ZayaLM(cfg)
     with torch.no_grad():  # a random model's logits are nearly flat: spread them so greedy picks vary
         model.lm_head.weight.mul_(50)
+        for p in model.parameters():  # transformers' format: every bias, scale and temperature moved
+            if p.ndim == 1 and name in ZAYA_FORMAT:  # away from its init, so that a wrong mapping shows
+                p.add_(torch.randn_like(p) * 0.1)
     return save_model(path, model, cfg)
 
 
@@ -130,9 +142,13 @@ def test_transformers_loads_every_variant_with_our_logits_and_greedy_tokens(tmp_
     for name, folder in folders.items():
         hf = theirs[str(folder)]
         assert hf["ids"] == ids, name  # AutoTokenizer puts EOS first, as training did
-        assert (
-            hf["special"] == ["<|endoftext|>", "<|endoftext|>", "<|pad|>"] and hf["model_type"] == "zaya_moe"
-        )
+        assert hf["special"] == ["<|endoftext|>", "<|endoftext|>", "<|pad|>"]
+        if name in ZAYA_FORMAT:  # stock transformers' own class, no remote code, nothing to warn about
+            assert hf["model_type"] == "zaya", name
+            assert hf["class"] == "transformers.models.zaya.modeling_zaya.ZayaForCausalLM"
+            assert not hf["warnings"] and not hf["logs"].strip(), (hf["warnings"], hf["logs"])
+        else:
+            assert hf["model_type"] == "zaya_moe", name
         ours, _ = load_model(tmp_path / name / "model.pt")
         with torch.no_grad():
             logits = ours(torch.tensor([ids])).logits[0]
@@ -249,8 +265,9 @@ def test_the_harness_hf_model_on_an_export_scores_arc_easy_as_our_evaluate_stage
     eval_data(cfg)
     items = load_task(tmp_path / "eval_tasks" / "arc_easy.jsonl.gz", limit=limit)
     tok = Tokenizer.from_file(str(root / "tokenizer" / "tokenizer.json"))
-    # CCA + the ZAYA1 router, with a window that holds every request (the harness refuses longer ones)
-    model_pt = variant_model("cca-zaya1", tok.get_vocab_size(), tmp_path / "model.pt", max_seq_len=1024)
+    # ZAYA1's architecture, exported in transformers' own zaya format, with a window that holds every
+    # request (the harness refuses longer ones)
+    model_pt = variant_model("zaya", tok.get_vocab_size(), tmp_path / "model.pt", max_seq_len=1024)
     model, _ = load_model(model_pt)
     ours = task_metrics(items, score_choices(model, tok, items, workspace["eos"], 8))  # what evaluate runs
     assert ours["acc_norm"] != ours["acc_per_byte"] or ours["acc"] != ours["acc_norm"]  # not all one number
@@ -267,7 +284,8 @@ def test_the_harness_hf_model_on_an_export_scores_arc_easy_as_our_evaluate_stage
     (tmp_path / "task.yaml").write_text(HARNESS_TASK.replace("DOCS", str(docs)))
     from lm_eval.models.huggingface import HFLM  # the harness's own "hf" model (transformers underneath)
 
-    args = {"pretrained": str(folder), "trust_remote_code": True, "add_bos_token": True, "dtype": "float32"}
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "zaya"  # no remote code
+    args = {"pretrained": str(folder), "add_bos_token": True, "dtype": "float32"}
     lm = HFLM.create_from_arg_obj(args, {"batch_size": 8, "device": "cpu"})  # as simple_evaluate builds it
     out = lm_eval.simple_evaluate(
         model=lm, tasks=["zaya_arc_easy_hf"], task_manager=TaskManager(include_path=str(tmp_path))

@@ -11,9 +11,7 @@ transformers' ``Zaya`` (docs/adr/0010), so a model that uses all four, top-1, co
 * ``read_folder`` / ``write_weights``: the safetensors files of a folder (one file, or shards with
   ``model.safetensors.index.json``). Nothing else is read: loading runs no code.
 
-No transformers import: the defaults a saved config.json may leave out (``save_pretrained`` writes only
-what differs from them) are transformers 5.25's ``ZayaConfig`` defaults, kept in ``HF_DEFAULTS`` (a test
-compares them with the class).
+No transformers import: the defaults a saved config.json may leave out are in ``zaya_pipeline.hf_config``.
 
 Shape legend:
     E  experts    D  model width    F  expert hidden width    H  query heads    G  key/value heads
@@ -30,46 +28,13 @@ import torch
 
 from zaya_pipeline.config import ModelConfig, MoEConfig, RouterConfig
 from zaya_pipeline.errors import DataError
+from zaya_pipeline.hf_config import HF_DEFAULTS, MODEL_TYPE, read_config
 from zaya_pipeline.model.attention import head_dims, rotary_dim
 
-MODEL_TYPE = "zaya"
 ARCHITECTURE = "ZayaForCausalLM"
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 SHARD_BYTES = 5 * 2**30  # transformers' default max_shard_size (5 GB)
-
-# transformers 5.25's ZayaConfig defaults for the keys we read (tests/model/test_hf_format.py checks them)
-HF_DEFAULTS: dict = {
-    "vocab_size": 262272,
-    "hidden_size": 2048,
-    "num_hidden_layers": 40,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "head_dim": 128,
-    "hidden_act": "silu",
-    "max_position_embeddings": 131072,
-    "initializer_range": 0.02,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": True,
-    "rope_parameters": {
-        "hybrid": {"rope_type": "default", "rope_theta": 5_000_000.0, "partial_rotary_factor": 0.5},
-        "hybrid_sliding": {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.5},
-    },
-    "layer_types": None,  # None = every layer "hybrid"
-    "sliding_window": None,
-    "attention_dropout": 0.0,
-    "moe_intermediate_size": 2048,
-    "num_experts_per_tok": 1,
-    "num_experts": 16,
-    "attention_bias": False,
-    "lm_head_bias": False,
-    "router_hidden_size": 256,
-    "cca_time0": 2,
-    "cca_time1": 2,
-    "pad_token_id": 0,
-    "bos_token_id": 2,
-    "eos_token_id": 106,
-}
 
 
 def unsupported(cfg: ModelConfig) -> str | None:
@@ -213,14 +178,6 @@ def model_config_from_hf(config: dict, origin: str, base: ModelConfig | None = N
     )
 
 
-def special_token_ids(config: dict) -> dict:
-    """pad / bos / eos token ids of a config.json (transformers' defaults where it leaves them out)."""
-    return {k: {**HF_DEFAULTS, **config}[k] for k in ("pad_token_id", "bos_token_id", "eos_token_id")}
-
-
-# --- weights -------------------------------------------------------------------------------------------
-
-
 def _layer_names(i: int) -> dict[str, str]:
     """Our name -> transformers' name for the tensors of layer ``i`` that map one to one."""
     ours, hf = f"blocks.{i}.", f"model.layers.{i}."
@@ -334,13 +291,7 @@ def read_folder(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        raise DataError(f"{folder}: no config.json (expected a transformers model folder)")
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise DataError(f"{config_path}: not valid JSON ({exc})") from None
+    config = read_config(folder)
     index = folder / WEIGHTS_INDEX
     if index.is_file():
         try:
@@ -394,12 +345,23 @@ def write_weights(folder: Path, state: dict[str, torch.Tensor], shard_bytes: int
     return [*names, WEIGHTS_INDEX]
 
 
-def assert_shapes(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], origin: str) -> None:
-    """One line for the first tensor whose shape differs from the model config's (a config.json that does
-    not describe its weights)."""
+def load_folder(folder: Path, base: ModelConfig | None = None) -> tuple[ModelConfig, dict, dict]:
+    """(ModelConfig, our state dict, config.json) of a transformers ``zaya`` folder, the weights checked
+    against the model the config describes (every tensor there, with its shape). ``base``: as in
+    ``model_config_from_hf``."""
+    from zaya_pipeline.model.transformer import ZayaLM
+
+    config, hf_state = read_folder(folder)
+    cfg = model_config_from_hf(config, str(folder / "config.json"), base)
+    state = from_hf_state(hf_state, cfg, str(folder))
+    with torch.device("meta"):
+        expected = ZayaLM(cfg).state_dict()
     for key, want in expected.items():
         got = state.get(key)
-        if got is not None and tuple(got.shape) != tuple(want.shape):
+        if got is None:
+            raise DataError(f"{folder}: nothing in its weights maps to our {key}")
+        if tuple(got.shape) != tuple(want.shape):
             raise DataError(
-                f"{origin}: {key} has shape {tuple(got.shape)}, its config.json says {tuple(want.shape)}"
+                f"{folder}: {key} has shape {tuple(got.shape)}, config.json says {tuple(want.shape)}"
             )
+    return cfg, state, config

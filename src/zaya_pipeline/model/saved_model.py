@@ -23,7 +23,6 @@ from zaya_pipeline.config import ModelConfig
 from zaya_pipeline.errors import DataError, first_line
 from zaya_pipeline.model.transformer import ZayaLM
 
-
 FORMAT = 2
 
 

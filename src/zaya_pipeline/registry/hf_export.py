@@ -1,11 +1,11 @@
 """``zaya export``: a Hugging Face model folder from a registered model or a ``model.pt``.
 
-The folder (``transformers`` loads it with ``trust_remote_code=True``)::
+A model transformers' own ``Zaya`` expresses (CCA attention, the ZAYA1 router with its skip expert, top-1:
+``model.hf_format.unsupported``) is written in transformers' ``zaya`` format, which stock transformers
+(>= 5.25) loads as its own ``ZayaForCausalLM``, no remote code::
 
-    config.json                  model_type "zaya_moe", auto_map to the two files below, ``zaya``: our config
-    configuration_zaya.py        ZayaConfig (PretrainedConfig)
-    modeling_zaya.py             ZayaForCausalLM (PreTrainedModel + GenerationMixin): ZayaLM, its KV cache
-    model.safetensors            the weights, under ``model.<ZayaLM name>``
+    config.json                  model_type "zaya" (model/hf_format.py), and ``zaya_pipeline``: provenance
+    model.safetensors            the weights under transformers' names (shards + index above 5 GB)
     tokenizer.json               our BPE, with a post-processor that puts EOS first (what every training
                                  document followed, and what ``zaya generate`` prepends)
     tokenizer_config.json, special_tokens_map.json
@@ -13,7 +13,9 @@ The folder (``transformers`` loads it with ``trust_remote_code=True``)::
     generation_config.json       eos / pad / bos ids
     README.md                    the model card (lineage, metrics) when exported from a registered version
 
-The remote code imports ``zaya_pipeline``: the exported model runs the code that trained it.
+Any other variant (GQA attention, the linear router, top-2, no skip expert: our ablation arms) falls back to
+model_type ``zaya_moe``: the same files plus remote code (``configuration_zaya.py``, ``modeling_zaya.py``)
+that imports ``zaya_pipeline``, loaded with ``trust_remote_code=True`` (docs/adr/0005, 0010).
 """
 
 from __future__ import annotations
@@ -31,14 +33,14 @@ from zaya_pipeline.utils import atomic_dir, get_logger, read_json
 
 log = get_logger("export")
 
-HELP = "write a Hugging Face model folder (transformers, trust_remote_code=True) from a model"
-MODEL_TYPE = "zaya_moe"
+HELP = "write a Hugging Face model folder (transformers' zaya format, or remote code) from a model"
+FALLBACK_MODEL_TYPE = "zaya_moe"
 REMOTE_CODE = Path(__file__).with_name("hf_remote")
 AUTO_MAP = {
     "AutoConfig": "configuration_zaya.ZayaConfig",
     "AutoModelForCausalLM": "modeling_zaya.ZayaForCausalLM",
 }
-
+PROVENANCE = "zaya_pipeline"  # config.json key: {version, source, format} of what zaya export wrote
 
 USAGE = """
 ## Loading with transformers
@@ -46,15 +48,23 @@ USAGE = """
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-model = AutoModelForCausalLM.from_pretrained("<this folder>", trust_remote_code=True)
-tok = AutoTokenizer.from_pretrained("<this folder>", trust_remote_code=True)
+model = AutoModelForCausalLM.from_pretrained("<this folder>"{remote})
+tok = AutoTokenizer.from_pretrained("<this folder>"{remote})
 ids = tok("The database", return_tensors="pt").input_ids  # EOS first, as in training
 out = model.generate(ids, max_new_tokens=20, do_sample=False)
 print(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
 ```
 
-The remote code imports `zaya_pipeline` (`pip install zaya_pipeline`). Batches must be unpadded.
+{note}
 """
+ZAYA_NOTE = (
+    "This folder is in transformers' own `zaya` format (transformers >= 5.25, `ZayaForCausalLM`): no remote "
+    "code. vLLM's `zaya` model (Zyphra's vLLM fork) reads the same format; that path is untested here."
+)
+REMOTE_NOTE = (
+    "This variant ({why}) is not transformers' `zaya`: the folder carries remote code that imports "
+    "`zaya_pipeline` (`pip install zaya_pipeline`). Batches must be unpadded."
+)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -76,7 +86,8 @@ def parser() -> argparse.ArgumentParser:
 
 def _is_export(folder: Path) -> bool:
     try:
-        return read_json(folder / "config.json").get("model_type") == MODEL_TYPE
+        config = read_json(folder / "config.json")
+        return PROVENANCE in config or config.get("model_type") == FALLBACK_MODEL_TYPE
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -163,44 +174,65 @@ def _tokenizer_files(files: dict[str, Path], out: Path, max_len: int) -> dict:
 def write_export(files: dict[str, Path], out: Path, source: str) -> Path:
     """The Hugging Face folder for ``files`` (model, tokenizer, tokenizer_meta, optional card) at ``out``,
     built under a temporary name and swapped in whole."""
-    from safetensors.torch import save_file
-
-    from zaya_pipeline.model.saved_model import load_model
+    from zaya_pipeline.model.hf_format import unsupported
+    from zaya_pipeline.model.saved_model import read_model_file
 
     check_out(out)
-    model, cfg = load_model(files["model"])
+    cfg, state = read_model_file(files["model"])
+    why = unsupported(cfg)
+    provenance = {"version": dist_version("zaya_pipeline"), "source": source}
     with atomic_dir(out) as tmp:
-        state = {f"model.{k}": v.contiguous() for k, v in model.state_dict().items()}
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         ids = _tokenizer_files(files, tmp, cfg.max_seq_len)
-        config = {
-            "model_type": MODEL_TYPE,
-            "architectures": ["ZayaForCausalLM"],
-            "auto_map": AUTO_MAP,
-            "zaya": asdict(cfg),
-            "vocab_size": cfg.vocab_size,
-            "max_position_embeddings": cfg.max_seq_len,
-            "hidden_size": cfg.d_model,
-            "num_hidden_layers": cfg.n_layers,
-            "tie_word_embeddings": False,
-            "dtype": "float32",
-            "zaya_pipeline_version": dist_version("zaya_pipeline"),
-            "zaya_source": source,
-            **ids,
-        }
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        if why is None:
+            _write_zaya(tmp, cfg, state, ids, provenance)
+            usage = USAGE.format(remote="", note=ZAYA_NOTE)
+        else:
+            _write_remote_code(tmp, cfg, state, ids, provenance)
+            usage = USAGE.format(remote=", trust_remote_code=True", note=REMOTE_NOTE.format(why=why))
         (tmp / "generation_config.json").write_text(json.dumps(ids, indent=2) + "\n", encoding="utf-8")
-        for name in ("configuration_zaya.py", "modeling_zaya.py"):
-            shutil.copyfile(REMOTE_CODE / name, tmp / name)
         card = files.get("card")
         text = (
             card.read_text(encoding="utf-8")
             if card and card.is_file()
             else f"# zaya MoE model\n\nFrom {source}.\n"
         )
-        (tmp / "README.md").write_text(text + USAGE, encoding="utf-8")
-    log.info("exported %s to %s", source, out)
+        (tmp / "README.md").write_text(text + usage, encoding="utf-8")
+    log.info("exported %s to %s (%s)", source, out, "transformers' zaya format" if why is None else why)
     return out
+
+
+def _write_zaya(tmp: Path, cfg, state: dict, ids: dict, provenance: dict) -> None:
+    """transformers' own format: its config keys and tensor names (model/hf_format.py)."""
+    from zaya_pipeline.model.hf_format import hf_config, to_hf_state, write_weights
+
+    write_weights(tmp, to_hf_state(state, cfg))
+    config = {**hf_config(cfg, ids), PROVENANCE: {**provenance, "format": "zaya"}}
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def _write_remote_code(tmp: Path, cfg, state: dict, ids: dict, provenance: dict) -> None:
+    """The fallback: our own config and names, with the remote code that builds ZayaLM (hf_remote/)."""
+    from safetensors.torch import save_file
+
+    state = {f"model.{k}": v.contiguous() for k, v in state.items()}
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    config = {
+        "model_type": FALLBACK_MODEL_TYPE,
+        "architectures": ["ZayaForCausalLM"],
+        "auto_map": AUTO_MAP,
+        "zaya": asdict(cfg),
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.max_seq_len,
+        "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.n_layers,
+        "tie_word_embeddings": False,
+        "dtype": "float32",
+        PROVENANCE: {**provenance, "format": FALLBACK_MODEL_TYPE},
+        **ids,
+    }
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    for name in ("configuration_zaya.py", "modeling_zaya.py"):
+        shutil.copyfile(REMOTE_CODE / name, tmp / name)
 
 
 def export(argv: list[str]) -> Path:

@@ -49,6 +49,7 @@ class ZayaLitModule(L.LightningModule):
         world_size: int = 1,
         parallel_cfg: ParallelConfig | None = None,
         compile_blocks: bool = False,
+        init_state: dict | None = None,
     ):
         super().__init__()
         self.parallel_cfg = parallel_cfg  # set with parallel.strategy=fsdp2: configure_model parallelizes
@@ -58,6 +59,8 @@ class ZayaLitModule(L.LightningModule):
         self.train_cfg = train_cfg
         self.world_size = world_size
         self.model = ZayaLM(model_cfg)
+        if init_state is not None:  # train.init_from: continued pretraining
+            self.model.load_state_dict(init_state)
         self.guard = SpikeGuard(train_cfg.stability)
         # bf16-master: the forward/backward run on bf16 copies of the fp32 weights (train/precision.py)
         self.bf16_weights = Bf16Weights(self.model) if train_cfg.precision == BF16_MASTER else None

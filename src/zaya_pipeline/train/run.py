@@ -48,6 +48,7 @@ from zaya_pipeline.distributed.checkpoint import (
 )
 from zaya_pipeline.distributed.mesh import mesh_sizes
 from zaya_pipeline.errors import ConfigError, DataError, Preempted
+from zaya_pipeline.model.pretrained import check_init, init_state
 from zaya_pipeline.model.saved_model import save_model
 from zaya_pipeline.model.sizing import forward_flops_per_token, num_active_params, num_params
 from zaya_pipeline.model.transformer import ZayaLM
@@ -93,6 +94,7 @@ class TrainPlan:
     world: int  # training processes: parallel.devices x parallel.num_nodes
     lead: bool  # global rank 0: the one process that touches MLflow and the output folders
     resume: Path | None  # the checkpoint to continue from
+    init_from: Path | None  # weights to start from (train.init_from; None when resuming or not set)
     unigram_nats: float  # the unigram baseline of the validation split, nats/token (token meta.json)
     sizes: dict[str, int]  # parameter counts (param_counts)
     group_params: dict[str, str]  # the optimizer's parameter groups as MLflow params
@@ -222,6 +224,9 @@ def plan(cfg: ZayaConfig) -> TrainPlan:
     check_train_config(cfg.train, model, world)
     resume = resolve_resume(cfg.train.resume, Path(cfg.paths.checkpoints))
     check_checkpoints(cfg, world, resume)
+    init_from = Path(cfg.train.init_from) if cfg.train.init_from and resume is None else None
+    if init_from is not None:
+        check_init(init_from, model)
     groups = check_build(model, cfg, world)
     # An unreachable tracking server: one line now, not minutes of MLflow's retries (the default store is a
     # local file, and resolving it may adopt a copied store: that is left to the run).
@@ -232,6 +237,7 @@ def plan(cfg: ZayaConfig) -> TrainPlan:
         world=world,
         lead=launch_rank(cfg.parallel) == 0,
         resume=resume,
+        init_from=init_from,
         unigram_nats=float(meta["unigram_val_nats_per_token"]),
         sizes=param_counts(model),
         group_params=groups,
@@ -375,7 +381,12 @@ def build(plan: TrainPlan, telemetry: Telemetry, root: Path, tracker: tuple[Any,
         torch.set_num_threads(t.num_threads)
     L.seed_everything(t.seed, workers=True, verbose=False)
     data = TokenDataModule(cfg.paths.tokens, t, model.vocab_size, plan.world)
-    module = ZayaLitModule(model, t, plan.world, cfg.parallel if plan.fsdp2 else None, cfg.parallel.compile)
+    weights = None
+    if plan.init_from is not None:
+        weights = init_state(plan.init_from)
+        log.info("starting from the weights of %s (train.init_from)", plan.init_from)
+    parallel = cfg.parallel if plan.fsdp2 else None
+    module = ZayaLitModule(model, t, plan.world, parallel, cfg.parallel.compile, init_state=weights)
     log.info(
         "model %s: %.2fM params (%.2fM active per token), vocab %d; %d steps of %d x %d tokens",
         *(model.name, plan.sizes["params_total"] / 1e6, plan.sizes["params_active"] / 1e6, model.vocab_size),
