@@ -10,6 +10,8 @@ Each run is a real ``zaya train`` (logged to MLflow under the experiment ``zaya_
 run and the per-arm medians over seeds.
 
     python benchmarks/ablation.py --seeds 1234,1235 --out benchmarks/results/ablation.json
+    python benchmarks/ablation.py --seeds 1234,1235,1236 --set train.max_steps=1600 \
+        --out benchmarks/results/ablation_zaya_exact.json   # 4x the tokens (2026-12-07)
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def load_balance(plots: Path, num_experts: int) -> float:
     return sum(ratios) / len(ratios)
 
 
-def run_arm(name: str, overrides: list[str], seed: int, train: str, workdir: Path) -> dict:
+def run_arm(name: str, overrides: list[str], seed: int, train: str, workdir: Path, extra: list[str]) -> dict:
     from zaya_pipeline.model.sizing import num_active_params, num_params
 
     out = workdir / f"{name.split()[0]}-s{seed}"
@@ -85,6 +87,7 @@ def run_arm(name: str, overrides: list[str], seed: int, train: str, workdir: Pat
         "model=tiny",
         f"train={train}",
         *overrides,
+        *extra,
         f"train.seed={seed}",
         f"paths.train={out}/train",
         f"paths.reports={out}/reports",
@@ -129,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         if match:
             overrides = [*overrides, f"model.moe.expert_hidden={matched_expert_hidden(overrides, target)}"]
         for seed in seeds:
-            rows.append(run_arm(name, overrides, seed, args.train, Path(args.workdir)))
+            rows.append(run_arm(name, overrides, seed, args.train, Path(args.workdir), args.set))
     summary = medians(
         rows,
         arms,

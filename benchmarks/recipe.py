@@ -39,6 +39,7 @@ def run_arm(name: str, seed: int, args: argparse.Namespace) -> dict:
         "model=tiny",
         f"train={args.train}",
         *ARMS[name],
+        *args.set,
         f"train.seed={seed}",
         f"train.val_every={args.val_every}",
         f"paths.train={out}/train",

@@ -20,6 +20,13 @@ def sweep_parser(doc: str, arms: list[str], workdir: str, out: Path) -> argparse
     parser.add_argument("--train", default="default", help="train preset: equal tokens for every arm")
     parser.add_argument("--arms", default=",".join(arms), help="comma-separated arms (default: all)")
     parser.add_argument("--workdir", default=workdir, help="where each run writes")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for every run, e.g. train.max_steps=1600 (repeatable)",
+    )
     parser.add_argument("--out", default=str(out))
     return parser
 
@@ -52,6 +59,7 @@ def write_result(script: str, argv, args, seeds: list[int], summary: dict, rows:
         "cpu_count": os.cpu_count(),
         "seeds": seeds,
         "train": args.train,
+        "overrides": args.set,
         "summary_median_over_seeds": summary,
         "runs": rows,
     }
