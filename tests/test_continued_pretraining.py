@@ -14,6 +14,7 @@ import csv
 import dataclasses
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,7 @@ from zaya_pipeline.model.saved_model import load_model  # noqa: E402
 pytestmark = pytest.mark.slow
 
 VOCAB = 448  # the folder's model vocabulary: the tokenizer's 400 tokens are padded up to it
+EOS, BOS = "<|endoftext|>", "<|bos|>"  # documents are BOS text EOS, as with ZAYA1's own tokenizer
 DOCS = [
     f"Record {i}: the database keeps {i % 9} tables of orders, and the index on the customer column makes "
     f"every lookup by name fast. A transaction that fails leaves no trace of its {i % 5} writes."
@@ -52,17 +54,14 @@ def zaya_folder(tmp_path_factory) -> Path:
     from transformers import ZayaConfig, ZayaForCausalLM
 
     root = tmp_path_factory.mktemp("zaya1-tiny")
-    tok = train_bpe(DOCS, TokenizerConfig(vocab_size=400))
+    tok = train_bpe(DOCS, TokenizerConfig(vocab_size=400, bos_token=BOS))
     tok.save(str(root / "tokenizer.json"))
-    special = {
-        "eos_token": "<|endoftext|>",
-        "pad_token": "<|pad|>",
-        "tokenizer_class": "PreTrainedTokenizerFast",
-    }
-    (root / "tokenizer_config.json").write_text(json.dumps(special))
-    ids = {"eos_token_id": tok.token_to_id("<|endoftext|>"), "pad_token_id": tok.token_to_id("<|pad|>")}
+    special = {"eos_token": EOS, "pad_token": "<|pad|>", "bos_token": {"content": BOS, "special": True}}
+    tokenizer_config = {**special, "tokenizer_class": "PreTrainedTokenizerFast"}
+    (root / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    ids = {f"{k}_id": tok.token_to_id(v if isinstance(v, str) else v["content"]) for k, v in special.items()}
     cfg = dataclasses.replace(load_config(["model=zaya1_debug"]).model, vocab_size=VOCAB)
-    config = {k: v for k, v in hf_format.hf_config(cfg, {**ids, "bos_token_id": None}).items()}
+    config = dict(hf_format.hf_config(cfg, ids))
     config.pop("model_type"), config.pop("architectures")
     torch.manual_seed(0)
     ZayaForCausalLM(ZayaConfig(**config)).save_pretrained(root)
@@ -98,6 +97,9 @@ def repo(zaya_folder, tmp_path_factory) -> Path:
 def test_the_route_trains_from_the_folder_and_registers(repo, zaya_folder):
     tokenizer = json.loads((repo / "artifacts" / "tokenizer" / "meta.json").read_text())
     assert tokenizer["source"] == str(zaya_folder) and tokenizer["vocab_size"] == VOCAB
+    assert (tokenizer["eos_token"], tokenizer["bos_token"]) == (EOS, BOS)
+    tokens = json.loads((repo / "data" / "tokens" / "meta.json").read_text())
+    assert (tokens["eos_id"], tokens["bos_id"]) == (tokenizer["eos_id"], tokenizer["bos_id"])
     run_params = json.loads((repo / "reports" / "train.json").read_text())
     assert run_params["params_total"] == hf_format_params(zaya_folder)
     rows = list(csv.DictReader((repo / "reports" / "plots" / "train.csv").open()))
@@ -118,26 +120,41 @@ def hf_format_params(folder: Path) -> int:
 
 HF_SIDE = """
 import json, sys, torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()
-ids = torch.tensor([json.loads(sys.argv[2])])
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+ids = tok(sys.argv[2], return_tensors="pt").input_ids
 with torch.no_grad():
-    print(json.dumps({"class": type(model).__name__, "logits": model(ids).logits[0].tolist()}))
+    logits = model(ids).logits[0].tolist()
+    gen = model.generate(ids, max_new_tokens=6, do_sample=False)[0, ids.shape[1]:].tolist()
+eos = tok.eos_token_id
+gen = gen[: gen.index(eos)] if eos in gen else gen
+print(json.dumps({"class": type(model).__name__, "ids": ids[0].tolist(), "logits": logits,
+                  "text": tok.decode(gen, skip_special_tokens=True)}))
 """
 
 
 def test_the_registered_champion_exports_to_stock_transformers(repo):
+    """Transformers' own class, the document start (EOS, BOS) as in training, our logits, and the greedy
+    text of `zaya generate`."""
     registry = json.loads((repo / "reports" / "registry.json").read_text())
     out = repo / "hf"
     run([str(BIN / "zaya"), "export", "--model", registry["model_uri"], "--out", str(out)], repo)
     assert json.loads((out / "config.json").read_text())["model_type"] == "zaya"
-    ids = [5, 17, 42, 99, 3, 250]
-    cmd = [sys.executable, "-c", HF_SIDE, str(out), json.dumps(ids)]
+    prompt = "The database"
+    cmd = [sys.executable, "-c", HF_SIDE, str(out), prompt]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-3000:]
     theirs = json.loads(proc.stdout.strip().splitlines()[-1])
     assert theirs["class"] == "ZayaForCausalLM"
+    meta = json.loads((repo / "artifacts" / "tokenizer" / "meta.json").read_text())
+    assert theirs["ids"][:2] == [meta["eos_id"], meta["bos_id"]]
     ours, _ = load_model(repo / "artifacts" / "train" / "model.pt")
     with torch.no_grad():
-        logits = ours(torch.tensor([ids])).logits[0]
+        logits = ours(torch.tensor([theirs["ids"]])).logits[0]
     torch.testing.assert_close(torch.tensor(theirs["logits"]), logits, rtol=1e-5, atol=1e-5)
+    cmd = [str(BIN / "zaya"), "generate", "--model", registry["model_uri"], "--max-new-tokens", "6", prompt]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING")}  # the repo's store
+    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.rstrip("\n").split("\n")[-1] == theirs["text"]

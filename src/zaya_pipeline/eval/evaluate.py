@@ -39,8 +39,9 @@ def write_samples(cfg: ZayaConfig, model, tokenizer, token_meta: dict, path: Pat
     from zaya_pipeline.model.generate import continue_prompts
 
     prompts, n, eos = list(cfg.eval.sample_prompts), cfg.eval.sample_tokens, int(token_meta["eos_id"])
-    greedy = continue_prompts(model, tokenizer, eos, prompts, n)
-    sampled = continue_prompts(model, tokenizer, eos, prompts, n, **SAMPLING)
+    bos = token_meta.get("bos_id")
+    greedy = continue_prompts(model, tokenizer, eos, prompts, n, bos_id=bos)
+    sampled = continue_prompts(model, tokenizer, eos, prompts, n, **SAMPLING, bos_id=bos)
     rows = [
         {"prompt": p, "greedy": g, "sampled": s} for p, g, s in zip(prompts, greedy, sampled, strict=True)
     ]
@@ -112,7 +113,10 @@ def score_tasks(cfg: ZayaConfig, model, tokenizer, token_meta: dict, device: str
         start = time.perf_counter()
         items = load_task(path, cfg.eval.task_limit)
         eos, desc = int(token_meta["eos_id"]), f"task {i}/{len(cfg.eval.tasks)} {task}"
-        logliks = score_choices(model, tokenizer, items, eos, cfg.eval.batch_size, device, desc=desc)
+        bos = token_meta.get("bos_id")
+        logliks = score_choices(
+            model, tokenizer, items, eos, cfg.eval.batch_size, device, desc=desc, bos_id=bos
+        )
         out[task] = {
             k: round(v, 6) if isinstance(v, float) else v for k, v in task_metrics(items, logliks).items()
         }

@@ -21,6 +21,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from zaya_pipeline.eval.tasks import fit_window, score_token_requests
+from zaya_pipeline.model.generate import document_start
 from zaya_pipeline.utils import read_json
 
 
@@ -35,7 +36,9 @@ class ZayaHarnessLM(LM):
         self.zaya, _ = load_model(model_path, map_location=device)
         self.zaya.eval()
         self.tokenizer = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
-        self.eos_id = int(read_json(Path(tokenizer_dir) / "meta.json")["eos_id"])
+        meta = read_json(Path(tokenizer_dir) / "meta.json")
+        self.eos_id = int(meta["eos_id"])
+        self.start = document_start(self.eos_id, meta.get("bos_id"))  # before every context
         self.batch_size = int(batch_size)
         self._device = device
         self.max_len = self.zaya.cfg.max_seq_len
@@ -51,19 +54,20 @@ class ZayaHarnessLM(LM):
         reqs = []
         for context, continuation in (r.args for r in requests):
             reqs.append(
-                fit_window([self.eos_id, *self._encode(context)], self._encode(continuation), self.max_len)
+                fit_window([*self.start, *self._encode(context)], self._encode(continuation), self.max_len)
             )
         return self._score(reqs)
 
     def loglikelihood_rolling(self, requests) -> list[float]:
-        """Σ ln p of every token of each string (after EOS), in windows of ``max_seq_len`` tokens, each token
-        predicted once with as much preceding context as fits."""
+        """Σ ln p of every token of each string (after the document start), in windows of ``max_seq_len``
+        tokens, each token predicted once with as much preceding context as fits."""
         out = []
         for (text,) in (r.args for r in requests):
-            tokens = [self.eos_id, *self._encode(text)]
+            tokens = [*self.start, *self._encode(text)]
+            first = len(self.start)
             windows = [
                 fit_window(tokens[:start], tokens[start : start + self.max_len], self.max_len)
-                for start in range(1, len(tokens), self.max_len)
+                for start in range(first, len(tokens), self.max_len)
             ]
             out.append(sum(loglik for loglik, _ in self._score(windows)) if windows else 0.0)
         return out
@@ -83,7 +87,7 @@ class ZayaHarnessLM(LM):
             until = [until] if isinstance(until, str) else list(until)
             temperature = float(kwargs.get("temperature", 0.0)) if kwargs.get("do_sample", False) else 0.0
             n = max(1, min(int(kwargs.get("max_gen_toks", 64)), self.max_len - 1))
-            ids = [self.eos_id, *self._encode(context)][-(self.max_len - n) :]
+            ids = [*self.start, *self._encode(context)][-(self.max_len - n) :]
             ids_BT = torch.tensor([ids], dtype=torch.long, device=device)
             with torch.inference_mode():
                 new = generate(self.zaya, ids_BT, n, temperature, 1.0, self.eos_id)[0, len(ids) :].tolist()

@@ -35,6 +35,7 @@ import torch
 from zaya_pipeline.data.jsonl import read_jsonl
 from zaya_pipeline.errors import DataError
 from zaya_pipeline.eval.metrics import logits_of
+from zaya_pipeline.model.generate import document_start
 from zaya_pipeline.progress import Progress
 from zaya_pipeline.utils import get_logger
 
@@ -148,7 +149,9 @@ def _encode(tokenizer, texts: set[str]) -> dict[str, list[int]]:
     }
 
 
-def _requests(tokenizer, items: Sequence[MCItem], eos_id: int, max_len: int) -> list[tuple[list[int], int]]:
+def _requests(
+    tokenizer, items: Sequence[MCItem], start: list[int], max_len: int
+) -> list[tuple[list[int], int]]:
     """``(tokens, n_scored)`` per choice, items and choices flattened in order."""
     ctx_ids = _encode(tokenizer, {c for it in items for c in it.contexts})
     cont_ids = _encode(tokenizer, {c for it in items for c in it.continuations})
@@ -158,7 +161,7 @@ def _requests(tokenizer, items: Sequence[MCItem], eos_id: int, max_len: int) -> 
             if not cont_ids[cont]:
                 raise DataError(f"doc_id {it.doc_id} choice {j}: continuation {cont!r} encodes to no tokens")
             clipped += len(cont_ids[cont]) > max_len
-            out.append(fit_window([eos_id, *ctx_ids[ctx]], cont_ids[cont], max_len))
+            out.append(fit_window([*start, *ctx_ids[ctx]], cont_ids[cont], max_len))
     if clipped:
         log.warning(
             "%d continuations are longer than max_seq_len=%d: scored on their start", clipped, max_len
@@ -175,8 +178,10 @@ def score_choices(
     device: str | torch.device = "cpu",
     log_every_s: float = 30.0,
     desc: str = "requests",
+    bos_id: int | None = None,
 ) -> list[list[float]]:
-    """Σ ln p(continuation | EOS + context) of every choice of every item, in item/choice order.
+    """Σ ln p(continuation | document start + context) of every choice of every item, in item/choice order
+    (``model.generate.document_start``: EOS, and BOS when the tokenizer has one).
 
     Requests over ``model.cfg.max_seq_len + 1`` tokens lose context tokens from the left (``fit_window``).
     The requests are batched longest first and right-padded (padding sits after every scored position of a
@@ -184,7 +189,7 @@ def score_choices(
     ``desc`` names the progress bar (or the log lines, every ``log_every_s`` seconds, off a terminal).
     """
     assert batch_size > 0
-    reqs = _requests(tokenizer, items, eos_id, model.cfg.max_seq_len)
+    reqs = _requests(tokenizer, items, document_start(eos_id, bos_id), model.cfg.max_seq_len)
     scores = [
         loglik
         for loglik, _ in score_token_requests(model, reqs, eos_id, batch_size, device, log_every_s, desc)

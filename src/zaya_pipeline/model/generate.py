@@ -73,6 +73,13 @@ def generate(
     return ids_BT
 
 
+def document_start(eos_id: int, bos_id: int | None = None) -> list[int]:
+    """The ids in front of every training document's text: the previous document's EOS, then the BOS when
+    the tokenizer has one (``tokenizer.bos_token``, or an imported ZAYA1 tokenizer's). Prompts and scored
+    contexts start with them too."""
+    return [eos_id] if bos_id is None else [eos_id, bos_id]
+
+
 def continue_prompts(
     model: ZayaLM,
     tokenizer,
@@ -83,8 +90,9 @@ def continue_prompts(
     top_p: float = 1.0,
     seed: int = 0,
     device: str | torch.device | None = None,
+    bos_id: int | None = None,
 ) -> list[str]:
-    """The decoded continuation of each prompt (EOS first, as every training document followed an EOS;
+    """The decoded continuation of each prompt (after ``document_start``, as every training document;
     cut at the first EOS). ``tokenizer`` is a ``tokenizers.Tokenizer``; prompts are decoded one by one."""
     if device is None:
         first = next(model.parameters(), None)
@@ -92,7 +100,7 @@ def continue_prompts(
     generator = torch.Generator(device=device).manual_seed(int(seed))
     out = []
     for prompt in prompts:
-        ids = [eos_id, *tokenizer.encode(prompt, add_special_tokens=False).ids]
+        ids = [*document_start(eos_id, bos_id), *tokenizer.encode(prompt, add_special_tokens=False).ids]
         ids_BT = torch.tensor([ids], dtype=torch.long, device=device)
         full_BT = generate(model, ids_BT, max_new_tokens, temperature, top_p, eos_id, generator)
         new = full_BT[0, len(ids) :].tolist()

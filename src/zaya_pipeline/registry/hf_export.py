@@ -6,10 +6,11 @@ A model transformers' own ``Zaya`` expresses (CCA attention, the ZAYA1 router wi
 
     config.json                  model_type "zaya" (model/hf_format.py), and ``zaya_pipeline``: provenance
     model.safetensors            the weights under transformers' names (shards + index above 5 GB)
-    tokenizer.json               our BPE, with a post-processor that puts EOS first (what every training
-                                 document followed, and what ``zaya generate`` prepends)
+    tokenizer.json               the tokenizer, with a post-processor that puts the document start first
+                                 (EOS, then BOS if any: what every training document follows, and what
+                                 ``zaya generate`` prepends)
     tokenizer_config.json, special_tokens_map.json
-                                 PreTrainedTokenizerFast with eos / pad, and bos = EOS (see above)
+                                 PreTrainedTokenizerFast with eos / pad, and bos (= EOS without one)
     generation_config.json       eos / pad / bos ids
     README.md                    the model card (lineage, metrics) when exported from a registered version
 
@@ -137,24 +138,28 @@ def _local_files(model_pt: str, tokenizer_dir: str) -> dict[str, Path]:
 
 
 def _tokenizer_files(files: dict[str, Path], out: Path, max_len: int) -> dict:
-    """tokenizer.json (EOS put first by its post-processor), tokenizer_config.json, special_tokens_map.json;
-    returns the special token ids for config.json."""
+    """tokenizer.json (its post-processor puts the document start first: EOS, then BOS when the tokenizer
+    has one), tokenizer_config.json, special_tokens_map.json; returns the special ids for config.json."""
     from tokenizers import Tokenizer
     from tokenizers.processors import TemplateProcessing
 
     meta = read_json(files["tokenizer_meta"])
-    eos, pad = meta.get("eos_token") or "<|endoftext|>", meta.get("pad_token")
+    eos, pad, bos = meta.get("eos_token") or "<|endoftext|>", meta.get("pad_token"), meta.get("bos_token")
     tok = Tokenizer.from_file(str(files["tokenizer"]))
     eos_id = tok.token_to_id(eos)
     if eos_id is None or eos_id != int(meta["eos_id"]):
         raise DataError(
             f"{files['tokenizer_meta']}: eos_token {eos!r} is not id {meta['eos_id']} of its tokenizer"
         )
+    bos_id = tok.token_to_id(bos) if bos else None
+    start = f"{eos} {bos}" if bos_id is not None else eos
+    specials = [(eos, eos_id)] + ([(bos, bos_id)] if bos_id is not None else [])
     tok.post_processor = TemplateProcessing(
-        single=f"{eos} $A", pair=f"{eos} $A {eos} $B:1", special_tokens=[(eos, eos_id)]
+        single=f"{start} $A", pair=f"{start} $A {start} $B:1", special_tokens=specials
     )
     tok.save(str(out / "tokenizer.json"))
-    special = {"bos_token": eos, "eos_token": eos, **({"pad_token": pad} if pad else {})}
+    special = {"bos_token": bos if bos_id is not None else eos, "eos_token": eos}
+    special |= {"pad_token": pad} if pad else {}
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": max_len,
@@ -165,7 +170,7 @@ def _tokenizer_files(files: dict[str, Path], out: Path, max_len: int) -> dict:
     (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n", encoding="utf-8")
     pad_id = tok.token_to_id(pad) if pad else None
     return {
-        "bos_token_id": eos_id,
+        "bos_token_id": bos_id if bos_id is not None else eos_id,
         "eos_token_id": eos_id,
         "pad_token_id": pad_id if pad_id is not None else eos_id,
     }

@@ -71,7 +71,8 @@ class ZayaGenerator(mlflow.pyfunc.PythonModel):
         self.model, self.model_cfg = load_model(context.artifacts["model"], map_location=self.device)
         self.tokenizer = Tokenizer.from_file(context.artifacts["tokenizer"])
         with open(context.artifacts["tokenizer_meta"]) as f:
-            self.eos_id = int(json.load(f)["eos_id"])
+            meta = json.load(f)
+        self.eos_id, self.bos_id = int(meta["eos_id"]), meta.get("bos_id")
 
     # Annotated as a DataFrame (what MLflow's schema enforcement hands over) so that MLflow takes the logged
     # signature rather than inferring one from the hint; direct calls may pass a list too.
@@ -95,4 +96,5 @@ class ZayaGenerator(mlflow.pyfunc.PythonModel):
             float(p["top_p"]),
             int(p["seed"]),
             self.device,
+            self.bos_id,
         )
