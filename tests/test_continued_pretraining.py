@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 pytest.importorskip("transformers")
 
@@ -83,6 +84,14 @@ def test_zaya_import_gives_a_model_pt_with_transformers_logits(zaya_folder, tmp_
     x = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(ours(x).logits, theirs(x, use_cache=False).logits, rtol=1e-5, atol=1e-5)
+    # and `zaya export` gives the folder's weights back, tensor for tensor
+    cmd = ["export", "--model", str(tmp_path / "model.pt"), "--tokenizer", str(tmp_path / "tokenizer")]
+    run([str(BIN / "zaya"), *cmd, "--out", str(tmp_path / "hf")], tmp_path)
+    original = load_file(str(zaya_folder / "model.safetensors"))
+    exported = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert set(exported) == set(original)
+    for key, tensor in original.items():
+        assert torch.equal(exported[key], tensor), key
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +120,6 @@ def test_the_route_trains_from_the_folder_and_registers(repo, zaya_folder):
 
 
 def hf_format_params(folder: Path) -> int:
-    from safetensors.torch import load_file
-
     # the tied head is stored once: the folder's tensors are the model's parameters and balancing biases
     tensors = load_file(str(folder / "model.safetensors"))
     return sum(t.numel() for k, t in tensors.items() if not k.endswith("balancing_biases"))

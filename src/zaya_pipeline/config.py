@@ -254,6 +254,7 @@ class RouterConfig:
     z_loss_coef: float = 0.001  # router z-loss weight (keeps logits small)
     dim: int = 256  # zaya1: width the residual stream is down-projected to
     eda: bool = True  # zaya1: exponential depth averaging (add the previous layer's router state, scaled)
+    eda_init: float = 0.0  # zaya1: initial EDA scale per channel (transformers' Zaya inits 1; ours 0)
     bias_p_gain: float = 0.01  # zaya1: balancing-bias controller, gain on each expert's relative load error
     bias_i_gain: float = 0.0  # zaya1: gain on the accumulated (integral) load error
 

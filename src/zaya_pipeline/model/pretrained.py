@@ -28,6 +28,7 @@ FREE_KEYS = frozenset(
         "moe.router.z_loss_coef",
         "moe.router.bias_p_gain",
         "moe.router.bias_i_gain",
+        "moe.router.eda_init",
     }
 )
 

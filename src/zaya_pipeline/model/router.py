@@ -114,6 +114,7 @@ class Zaya1Router(nn.Module):
         self.down = nn.Linear(d_model, R)
         # the first layer has no previous router state, so no scale (as in transformers' ZayaRouter)
         self.eda_scale_R = nn.Parameter(torch.zeros(R)) if cfg.eda and layer_idx > 0 else None
+        self.eda_init = cfg.eda_init
         self.norm = nn.RMSNorm(R, eps=eps)
         self.mlp = nn.Sequential(
             nn.Linear(R, R),
@@ -137,14 +138,14 @@ class Zaya1Router(nn.Module):
         self.pending_counts_E.zero_()
 
     def reset_parameters(self, std: float) -> None:
-        """Weights N(0, std), biases 0, EDA scales 0 (**ours**: a layer starts without its predecessor's
-        state; transformers' ``Zaya`` initialises them to 1)."""
+        """Weights N(0, std), biases 0, EDA scales ``model.moe.router.eda_init`` (default 0, **ours**: a layer
+        starts without its predecessor's state; transformers' ``Zaya`` initialises them to 1)."""
         for linear in (self.down, self.mlp[0], self.mlp[2], self.mlp[4]):
             nn.init.normal_(linear.weight, std=std)
             if linear.bias is not None:
                 nn.init.zeros_(linear.bias)
         if self.eda_scale_R is not None:
-            nn.init.zeros_(self.eda_scale_R)
+            nn.init.constant_(self.eda_scale_R, self.eda_init)
         self._reset_balancing()
 
     def forward(self, x_TD: torch.Tensor, prev_state_TR: torch.Tensor | None = None) -> RouterOutput:

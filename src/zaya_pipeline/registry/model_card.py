@@ -15,13 +15,21 @@ def model_card(
 ) -> str:
     """``data``: token counts per split (tokenize meta.json); ``training``: the train stage's report plus the
     optimizer and schedule names."""
+    from zaya_pipeline.model.hf_format import unsupported
     from zaya_pipeline.model.sizing import num_active_params, num_params
 
     moe, attn = model_cfg.moe, model_cfg.attention
     kv_heads = attn.n_kv_heads or attn.n_heads
+    why = unsupported(model_cfg)
+    architecture = (
+        "ZAYA1's architecture: transformers' own `zaya` model (`ZayaForCausalLM`) computes it"
+        if why is None
+        else f"a ZAYA1-style ablation arm, not transformers' `zaya` ({why})"
+    )
     lines = [
-        f"# {model_cfg.name}: ZAYA-style Mixture-of-Experts LM",
+        f"# {model_cfg.name}: Mixture-of-Experts LM",
         "",
+        f"* architecture: {architecture}",
         f"* {model_cfg.n_layers} layers, d_model {model_cfg.d_model}, {attn.type.upper()} attention with "
         f"{attn.n_heads} query / {kv_heads} key-value heads, {moe.router.type} router, "
         f"{moe.num_experts} experts{' + skip' if moe.skip_expert else ''} (top-{moe.top_k}, "

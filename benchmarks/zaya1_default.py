@@ -1,0 +1,138 @@
+"""Which tiny ZAYA1 should the embedded default train (issue 35)? The current default beside ZAYA1 arms
+candidates of the same active size, and the ZAYA1 router's knobs, on the same tokens.
+
+Every arm trains ``model=tiny`` plus its overrides with the ``train`` preset given (default: the embedded
+default's 400 steps x 16 x 128 tokens), seeds in ``--seeds``. The ZAYA1 arms are transformers' ``zaya``
+architecture: CCA with 4 query heads in 2 key/value groups of width 32, the ZAYA1 router (width 32, EDA,
+no auxiliary loss) with the skip expert, top-1 over 8 experts of 512 (active parameters within 1.3% of the
+current default's top-2 over 8 experts of 256), residual scaling. The knob arms change one thing each: the
+balancing controller's gain, the router's learning rate (its parameter group's ``lr_scale``), the skip
+expert's initial bias, the EDA scales' init. Each run is a real ``zaya train`` (MLflow experiment
+``zaya_default``); the tokens must exist (``dvc repro tokenize``)::
+
+    python benchmarks/zaya1_default.py --seeds 1234,1235,1236 --out benchmarks/results/zaya1_default.json
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ZAYA1_TINY = [
+    "model.attention.type=cca",
+    "model.attention.n_heads=4",
+    "model.attention.n_kv_heads=2",
+    "model.attention.head_dim=32",
+    "model.attention.rope_fraction=0.5",
+    "model.moe.top_k=1",
+    "model.moe.expert_hidden=512",
+    "model.moe.skip_expert=true",
+    "model.moe.router.type=zaya1",
+    "model.moe.router.dim=32",
+    "model.moe.router.aux_loss_coef=0.0",
+    "model.residual_scaling=true",
+]
+
+
+def router_lr_scale(scale: float) -> str:
+    """The default parameter-group rules with the router group's ``lr_scale`` changed, as one override
+    (Hydra cannot override one element of a list)."""
+    from zaya_pipeline.config import as_dict, load_config
+
+    groups = as_dict(load_config([]))["train"]["optim"]["param_groups"]
+    for g in groups:
+        if g["name"] == "router":
+            g["lr_scale"] = scale
+
+    def render(v) -> str:
+        if isinstance(v, dict):
+            return "{" + ",".join(f"{k}:{render(x)}" for k, x in v.items()) + "}"
+        if isinstance(v, list):
+            return "[" + ",".join(render(x) for x in v) + "]"
+        if isinstance(v, str):
+            return f"'{v}'"
+        return "null" if v is None else str(v)
+
+    return "+train.optim.param_groups=" + render(groups)
+
+
+ARMS: dict[str, list[str]] = {
+    "current default (gqa+linear, top-2)": [],
+    "zaya1": ZAYA1_TINY,
+    "zaya1 gain 0.001": [*ZAYA1_TINY, "model.moe.router.bias_p_gain=0.001"],
+    "zaya1 gain 0.05": [*ZAYA1_TINY, "model.moe.router.bias_p_gain=0.05"],
+    "zaya1 router lr x0.3": [*ZAYA1_TINY, "ROUTER_LR=0.3"],
+    "zaya1 router lr x3": [*ZAYA1_TINY, "ROUTER_LR=3.0"],
+    "zaya1 skip bias -3": [*ZAYA1_TINY, "model.moe.skip_bias_init=-3.0"],
+    "zaya1 eda init 1": [*ZAYA1_TINY, "model.moe.router.eda_init=1.0"],
+}
+
+
+def expand(overrides: list[str]) -> list[str]:
+    return [router_lr_scale(float(o.split("=")[1])) if o.startswith("ROUTER_LR=") else o for o in overrides]
+
+
+def run_arm(name: str, overrides: list[str], seed: int, args) -> dict:
+    from ablation import load_balance, model_cfg
+    from zaya_pipeline.model.sizing import num_active_params, num_params
+
+    slug = name.split(" (")[0].replace(" ", "_")
+    out = Path(args.workdir) / f"{slug}-s{seed}"
+    cmd = [
+        str(Path(sys.executable).parent / "zaya"),
+        "train",
+        "model=tiny",
+        f"train={args.train}",
+        *expand(overrides),
+        *args.set,
+        f"train.seed={seed}",
+        f"paths.train={out}/train",
+        f"paths.reports={out}/reports",
+        "registry.experiment_name=zaya_default",
+        f"registry.run_name={slug}-s{seed}",
+    ]
+    print(f"[{name} seed {seed}]", flush=True)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    metrics = json.loads((out / "reports" / "train.json").read_text())
+    cfg = model_cfg([o for o in overrides if not o.startswith("ROUTER_LR=")])
+    row = {
+        "arm": name,
+        "seed": seed,
+        "val_loss": metrics["val_loss"],
+        "val_over_unigram": metrics["val_over_unigram"],
+        "tokens_seen": metrics["tokens_seen"],
+        "tokens_per_s": metrics["tokens_per_s"],
+        "max_over_mean_load": load_balance(out / "reports" / "plots", cfg.moe.num_experts),
+        "params_active_non_embedding": num_active_params(cfg, include_embedding=False),
+        "params_total_non_embedding": num_params(cfg, include_embedding=False),
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
+    print(f"[{name} seed {seed}] " + json.dumps(row), flush=True)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sweep_cli import medians, parse_sweep, sweep_parser, write_result
+
+    out = ROOT / "benchmarks/results/zaya1_default.json"
+    parser = sweep_parser(__doc__, list(ARMS), "/tmp/zaya_default", out)
+    args, seeds, arms = parse_sweep(parser, argv, list(ARMS))
+    rows = [run_arm(name, ARMS[name], seed, args) for seed in seeds for name in arms]
+    summary = medians(
+        rows,
+        arms,
+        ("val_loss", "val_over_unigram", "max_over_mean_load", "tokens_per_s"),
+        ("params_active_non_embedding", "params_total_non_embedding", "tokens_seen"),
+    )
+    write_result("zaya1_default.py", argv, args, seeds, summary, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
