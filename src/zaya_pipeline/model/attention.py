@@ -97,26 +97,36 @@ def apply_rope(x_BHTHd: torch.Tensor, cos_TR: torch.Tensor, sin_TR: torch.Tensor
 class RotaryEmbedding(nn.Module):
     """RoPE on the first ``rotary_dim`` channels of each head. The angles are computed from the positions at
     every call (no tables: nothing to size by ``max_seq_len``, nothing to re-create after a meta-device
-    build), in fp32 as transformers' ``Zaya`` computes them."""
+    build), in fp32 as transformers' ``Zaya`` computes them; a layer computes them once for its q and k."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.rot_dim = rotary_dim(cfg)
         self.theta = cfg.attention.rope_theta
 
+    def tables(
+        self, T: int, start: int, position_ids_BT: torch.Tensor | None, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(cos, sin) of T positions from ``start`` (or of ``position_ids_BT``, broadcast over heads):
+        (T, R), or (B, 1, T, R); None when no channel rotates."""
+        if self.rot_dim == 0:
+            return None
+        inv_freq_R = inverse_frequencies(self.rot_dim, self.theta, device)
+        if position_ids_BT is not None:
+            angles = (position_ids_BT.float()[..., None] * inv_freq_R)[:, None]
+        else:
+            angles = torch.arange(start, start + T, device=device).float()[:, None] * inv_freq_R
+        return angles.cos(), angles.sin()
+
     def forward(
         self, x_BHTHd: torch.Tensor, start: int, position_ids_BT: torch.Tensor | None = None
     ) -> torch.Tensor:
-        if self.rot_dim == 0:
-            return x_BHTHd
-        inv_freq_R = inverse_frequencies(self.rot_dim, self.theta, x_BHTHd.device)
-        if position_ids_BT is not None:  # per-token positions, broadcast over heads
-            angles = (position_ids_BT.float()[..., None] * inv_freq_R)[:, None]
-        else:
-            T = x_BHTHd.shape[2]
-            positions_T = torch.arange(start, start + T, device=x_BHTHd.device)
-            angles = positions_T.float()[:, None] * inv_freq_R
-        return apply_rope(x_BHTHd, angles.cos(), angles.sin())
+        return rotate(x_BHTHd, self.tables(x_BHTHd.shape[2], start, position_ids_BT, x_BHTHd.device))
+
+
+def rotate(x_BHTHd: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """``apply_rope`` with ``RotaryEmbedding.tables`` (None: unchanged)."""
+    return x_BHTHd if tables is None else apply_rope(x_BHTHd, *tables)
 
 
 def _extend(cache: dict | None, name: str, new_BGTHd: torch.Tensor) -> torch.Tensor:
@@ -175,8 +185,9 @@ class GroupedQueryAttention(nn.Module):
         B, T, _ = x_BTD.shape
         H, G, Hd = self.H, self.G, self.Hd
         q, k, v = self.qkv(x_BTD).split((H * Hd, G * Hd, G * Hd), dim=-1)
-        q_BHTHd = self.rope(q.view(B, T, H, Hd).transpose(1, 2), start, position_ids_BT)
-        k_BGTHd = self.rope(k.view(B, T, G, Hd).transpose(1, 2), start, position_ids_BT)
+        rope = self.rope.tables(T, start, position_ids_BT, x_BTD.device)
+        q_BHTHd = rotate(q.view(B, T, H, Hd).transpose(1, 2), rope)
+        k_BGTHd = rotate(k.view(B, T, G, Hd).transpose(1, 2), rope)
         k_BGSHd = _extend(cache, "k", k_BGTHd)
         v_BGSHd = _extend(cache, "v", v.view(B, T, G, Hd).transpose(1, 2))
         o_BHTHd = _attend(q_BHTHd, k_BGSHd, v_BGSHd, start, doc_ids_BT=doc_ids_BT)
@@ -264,8 +275,9 @@ class CompressedConvolutionalAttention(nn.Module):
 
         q_BTHHd = _to_norm(q_BTHHd, Hd**0.5)
         k_BTGHd = _to_norm(k_BTGHd, Hd**0.5) * self.temperature_G[:, None].to(k_BTGHd.dtype)
-        q_BHTHd = self.rope(q_BTHHd.transpose(1, 2), start, position_ids_BT)
-        k_BGTHd = self.rope(k_BTGHd.transpose(1, 2), start, position_ids_BT)
+        rope = self.rope.tables(T, start, position_ids_BT, x_BTD.device)
+        q_BHTHd = rotate(q_BTHHd.transpose(1, 2), rope)
+        k_BGTHd = rotate(k_BTGHd.transpose(1, 2), rope)
         k_BGSHd = _extend(cache, "k", k_BGTHd)
         v_BGSHd = _extend(cache, "v", v_BGTHd)
         o_BHTHd = _attend(q_BHTHd, k_BGSHd, v_BGSHd, start, doc_ids_BT=doc_ids_BT)

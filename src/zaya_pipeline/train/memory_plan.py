@@ -195,20 +195,22 @@ def attention_saved(m: ModelConfig, B: int, T: int, c: int) -> int:
     H, G, Hd = head_dims(m)
     N, Q, KV = B * T, H * Hd, G * Hd
     lse = N * H * FP32  # SDPA's log-sum-exp
+    rope = 2 * T * (rotary_dim(m) // 2) * FP32  # the layer's cos and sin tables (fp32, shared by q and k)
     if m.attention.type != "cca":
         # x_norm (qkv input), qkv output (SDPA's v is a view of it), RoPE's new q and k, SDPA's output and
         # its (B, T, Q) copy. Without rotated channels q and k stay (B, T)-major views of qkv, SDPA's output
         # follows their layout and the out projection takes a view of it: no RoPE outputs and no copy.
         roped = 2 * Q + KV if rotary_dim(m) else 0
-        return N * c * (m.d_model + Q + 2 * KV + Q + roped) + lse
+        return N * c * (m.d_model + Q + 2 * KV + Q + roped) + lse + rope
     C = Q + KV
     # x_norm; the two conv inputs (P = K0 - 1 + K1 - 1 zero columns in front of the first, K1 - 1 extra
-    # outputs of the first); q, k before their L2 norm and the norms; normalized q (temperature's input);
-    # SDPA's q, k and the value streams; SDPA out and its copy
+    # outputs of the first); q, k before their L2 norm and per head their norm, its clamp and the scale
+    # divided by it; normalized k (the temperature's input); SDPA's q, k and the value streams; SDPA out and
+    # its copy
     K0, K1 = m.attention.conv_kernel_depthwise, m.attention.conv_kernel_grouped
     convs = (2 * N + B * (K0 - 1 + 2 * (K1 - 1))) * C
-    norms = 2 * N * (H + G)
-    return c * (N * (m.d_model + C + Q + Q + 2 * KV + Q + Q) + convs + norms) + lse
+    norms = 3 * N * (H + G)
+    return c * (N * (m.d_model + C + KV + Q + 2 * KV + Q + Q) + convs + norms) + lse + rope
 
 
 def expert_backend(m: ModelConfig, accelerator: str, c: int) -> str:
@@ -253,11 +255,11 @@ def moe_saved(m: ModelConfig, N: int, c: int, ep: int = 1, backend: str = "group
 
 def block_saved(m: ModelConfig, B: int, T: int, c: int, ep: int = 1, backend: str = "grouped_mm") -> int:
     """Bytes one block saves for backward without checkpointing: per RMSNorm its input, normalized input
-    (the weight's gradient) and rstd; attention; MoE; with residual scaling the two scaled sub-block
-    outputs."""
+    (the weight's gradient) and rstd; attention; MoE; with residual scaling, per residual add the biased
+    sub-block output and the biased residual (the scales' inputs: ``(f + b) * a``)."""
     N, D = B * T, m.d_model
     norms = 2 * (2 * N * D * c + N * FP32)
-    scaled = 2 * N * D * c if m.residual_scaling else 0
+    scaled = 4 * N * D * c if m.residual_scaling else 0
     return norms + attention_saved(m, B, T, c) + moe_saved(m, N, c, ep, backend) + scaled
 
 
@@ -275,6 +277,7 @@ def activations(
     ckpt = _checkpointed(L, mode)
     full, kept = block_saved(m, B, T, c, ep, backend), checkpointed_block(m, N, c)
     head = 3 * N * m.d_model * c + N * FP32  # the final norm's input, normalized, output; rstd
+    head += N * m.d_model * c if m.residual_scaling else 0  # the input scaling's biased embedding
     return ckpt * kept + (L - ckpt) * full + head, full if ckpt else 0
 
 
