@@ -19,9 +19,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,41 +74,24 @@ def load_balance(plots: Path, num_experts: int) -> float:
     return sum(ratios) / len(ratios)
 
 
-def run_arm(name: str, overrides: list[str], seed: int, train: str, workdir: Path, extra: list[str]) -> dict:
+def arm_fields(overrides: list[str], plots: Path) -> dict:
+    """Expert balance over the last logged interval and the sizes of the arm's model."""
     from zaya_pipeline.model.sizing import num_active_params, num_params
 
-    out = workdir / f"{name.split()[0]}-s{seed}"
-    cmd = [
-        str(Path(sys.executable).parent / "zaya"),
-        "train",
-        "model=tiny",
-        f"train={train}",
-        *overrides,
-        *extra,
-        f"train.seed={seed}",
-        f"paths.train={out}/train",
-        f"paths.reports={out}/reports",
-        "registry.experiment_name=zaya_ablation",
-        f"registry.run_name={name.split()[0]}-s{seed}",
-    ]
-    print(f"[{name} seed {seed}] {' '.join(cmd[1:])}", flush=True)
-    t0 = time.perf_counter()
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    metrics = json.loads((out / "reports" / "train.json").read_text())
     cfg = model_cfg(overrides)
-    row = {
-        "arm": name,
-        "seed": seed,
-        "val_loss": metrics["val_loss"],
-        "val_over_unigram": metrics["val_over_unigram"],
-        "tokens_seen": metrics["tokens_seen"],
-        "tokens_per_s": metrics["tokens_per_s"],
-        "max_over_mean_load": load_balance(out / "reports" / "plots", cfg.moe.num_experts),
+    return {
+        "max_over_mean_load": load_balance(plots, cfg.moe.num_experts),
         "params_active_non_embedding": num_active_params(cfg, include_embedding=False),
         "params_total_non_embedding": num_params(cfg, include_embedding=False),
         "expert_hidden": cfg.moe.expert_hidden,
-        "wall_s": round(time.perf_counter() - t0, 1),
     }
+
+
+def run_arm(name: str, overrides: list[str], seed: int, args) -> dict:
+    from sweep_cli import result_row, train_run
+
+    metrics = train_run(name.split()[0], seed, overrides, args, "zaya_ablation")
+    row = result_row(name, seed, metrics) | arm_fields(overrides, metrics["out"] / "reports" / "plots")
     print(f"[{name} seed {seed}] " + json.dumps(row), flush=True)
     return row
 
@@ -132,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         if match:
             overrides = [*overrides, f"model.moe.expert_hidden={matched_expert_hidden(overrides, target)}"]
         for seed in seeds:
-            rows.append(run_arm(name, overrides, seed, args.train, Path(args.workdir), args.set))
+            rows.append(run_arm(name, overrides, seed, args))
     summary = medians(
         rows,
         arms,

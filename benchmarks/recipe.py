@@ -14,11 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,37 +28,12 @@ ARMS: dict[str, list[str]] = {
 
 
 def run_arm(name: str, seed: int, args: argparse.Namespace) -> dict:
-    out = Path(args.workdir) / f"{name}-s{seed}"
-    cmd = [
-        str(Path(sys.executable).parent / "zaya"),
-        "train",
-        "model=tiny",
-        f"train={args.train}",
-        *ARMS[name],
-        *args.set,
-        f"train.seed={seed}",
-        f"train.val_every={args.val_every}",
-        f"paths.train={out}/train",
-        f"paths.reports={out}/reports",
-        "registry.experiment_name=zaya_recipe",
-        f"registry.run_name={name}-s{seed}",
-    ]
-    print(f"[{name} seed {seed}] {' '.join(cmd[1:])}", flush=True)
-    t0 = time.perf_counter()
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    metrics = json.loads((out / "reports" / "train.json").read_text())
-    with open(out / "reports" / "plots" / "val.csv") as f:
+    from sweep_cli import result_row, train_run
+
+    metrics = train_run(name, seed, [*ARMS[name], f"train.val_every={args.val_every}"], args, "zaya_recipe")
+    with open(metrics["out"] / "reports" / "plots" / "val.csv") as f:
         curve = [(int(r["step"]), float(r["val_loss"])) for r in csv.DictReader(f)]
-    row = {
-        "arm": name,
-        "seed": seed,
-        "val_loss": metrics["val_loss"],
-        "val_over_unigram": metrics["val_over_unigram"],
-        "tokens_seen": metrics["tokens_seen"],
-        "tokens_per_s": metrics["tokens_per_s"],
-        "wall_s": round(time.perf_counter() - t0, 1),
-        "val_curve": curve,
-    }
+    row = {**result_row(name, seed, metrics), "val_curve": curve}
     print(f"[{name} seed {seed}] val_loss {row['val_loss']:.4f}  {row['wall_s']} s", flush=True)
     return row
 

@@ -1,5 +1,6 @@
-"""The command line and result file shared by the multi-run training benchmarks (ablation.py, recipe.py):
-``--seeds/--train/--arms/--workdir/--out``, arm validation, per-arm medians over seeds, and the JSON."""
+"""What the multi-run training benchmarks (ablation.py, recipe.py, zaya1_default.py) share: the command
+line ``--seeds/--train/--arms/--workdir/--set/--out``, arm validation, one real ``zaya train`` per arm and
+seed, per-arm medians over seeds, and the JSON."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def sweep_parser(doc: str, arms: list[str], workdir: str, out: Path) -> argparse.ArgumentParser:
@@ -40,6 +44,37 @@ def parse_sweep(parser: argparse.ArgumentParser, argv, known: list[str]):
     if unknown:
         parser.error(f"unknown arms {unknown}; choose from {known}")
     return args, seeds, arms
+
+
+def train_run(slug: str, seed: int, overrides: list[str], args, experiment: str) -> dict:
+    """One ``zaya train model=tiny train=<args.train> <overrides> <args.set>`` with its own outputs under
+    ``args.workdir/<slug>-s<seed>`` and MLflow run ``<slug>-s<seed>`` in ``experiment``; returns the run's
+    train.json with ``out`` (its folder) and ``wall_s``."""
+    out = Path(args.workdir) / f"{slug}-s{seed}"
+    cmd = [
+        str(Path(sys.executable).parent / "zaya"),
+        "train",
+        "model=tiny",
+        f"train={args.train}",
+        *overrides,
+        *args.set,
+        f"train.seed={seed}",
+        f"paths.train={out}/train",
+        f"paths.reports={out}/reports",
+        f"registry.experiment_name={experiment}",
+        f"registry.run_name={slug}-s{seed}",
+    ]
+    print(f"[{slug} seed {seed}] {' '.join(cmd[1:])}", flush=True)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    metrics = json.loads((out / "reports" / "train.json").read_text())
+    return {**metrics, "out": out, "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def result_row(arm: str, seed: int, metrics: dict) -> dict:
+    """The fields every benchmark row has, from ``train_run``'s result."""
+    keys = ("val_loss", "val_over_unigram", "tokens_seen", "tokens_per_s", "wall_s")
+    return {"arm": arm, "seed": seed, **{k: metrics[k] for k in keys}}
 
 
 def medians(rows: list[dict], arms: list[str], median_keys: tuple, first_keys: tuple) -> dict:

@@ -16,9 +16,6 @@ expert's initial bias, the EDA scales' init. Each run is a real ``zaya train`` (
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +59,7 @@ def router_lr_scale(scale: float) -> str:
 
 
 ARMS: dict[str, list[str]] = {
-    "current default (gqa+linear, top-2)": [],
+    "current default (gqa+linear top-2)": [],
     "zaya1": ZAYA1_TINY,
     "zaya1 gain 0.001": [*ZAYA1_TINY, "model.moe.router.bias_p_gain=0.001"],
     "zaya1 gain 0.05": [*ZAYA1_TINY, "model.moe.router.bias_p_gain=0.05"],
@@ -78,41 +75,13 @@ def expand(overrides: list[str]) -> list[str]:
 
 
 def run_arm(name: str, overrides: list[str], seed: int, args) -> dict:
-    from ablation import load_balance, model_cfg
-    from zaya_pipeline.model.sizing import num_active_params, num_params
+    from ablation import arm_fields
+    from sweep_cli import result_row, train_run
 
     slug = name.split(" (")[0].replace(" ", "_")
-    out = Path(args.workdir) / f"{slug}-s{seed}"
-    cmd = [
-        str(Path(sys.executable).parent / "zaya"),
-        "train",
-        "model=tiny",
-        f"train={args.train}",
-        *expand(overrides),
-        *args.set,
-        f"train.seed={seed}",
-        f"paths.train={out}/train",
-        f"paths.reports={out}/reports",
-        "registry.experiment_name=zaya_default",
-        f"registry.run_name={slug}-s{seed}",
-    ]
-    print(f"[{name} seed {seed}]", flush=True)
-    t0 = time.perf_counter()
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    metrics = json.loads((out / "reports" / "train.json").read_text())
-    cfg = model_cfg([o for o in overrides if not o.startswith("ROUTER_LR=")])
-    row = {
-        "arm": name,
-        "seed": seed,
-        "val_loss": metrics["val_loss"],
-        "val_over_unigram": metrics["val_over_unigram"],
-        "tokens_seen": metrics["tokens_seen"],
-        "tokens_per_s": metrics["tokens_per_s"],
-        "max_over_mean_load": load_balance(out / "reports" / "plots", cfg.moe.num_experts),
-        "params_active_non_embedding": num_active_params(cfg, include_embedding=False),
-        "params_total_non_embedding": num_params(cfg, include_embedding=False),
-        "wall_s": round(time.perf_counter() - t0, 1),
-    }
+    metrics = train_run(slug, seed, expand(overrides), args, "zaya_default")
+    model_overrides = [o for o in overrides if not o.startswith("ROUTER_LR=")]
+    row = result_row(name, seed, metrics) | arm_fields(model_overrides, metrics["out"] / "reports" / "plots")
     print(f"[{name} seed {seed}] " + json.dumps(row), flush=True)
     return row
 
