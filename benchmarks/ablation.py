@@ -1,9 +1,10 @@
 """Architecture ablation on the embedded corpus: CCA vs GQA attention and ZAYA1 vs linear router.
 
-Every arm trains the ``tiny`` model with top-1 routing over 8 experts for the same number of tokens (the
-``train`` preset given), with the expert width of each arm adjusted so that its ACTIVE parameter count
-matches the ZAYA1-style arm (CCA + ZAYA1 router) as closely as an integer width allows. A reference arm
-(plain multi-head attention, linear router, unadjusted) shows where the tiny default sits.
+Every arm trains ``model=tiny_gqa`` (the embedded default before issue 35: a generic MoE) with top-1
+routing over 8 experts for the same number of tokens (the ``train`` preset given), with the expert width of
+each arm adjusted so that its ACTIVE parameter count matches the ZAYA1-style arm (CCA + ZAYA1 router) as
+closely as an integer width allows. A reference arm (plain multi-head attention, linear router, unadjusted)
+shows where ``tiny_gqa`` sits.
 
 Each run is a real ``zaya train`` (logged to MLflow under the experiment ``zaya_ablation``, run name
 ``<arm>-s<seed>``); the tokens must exist (``dvc repro tokenize``). Results: a JSON file with one row per
@@ -29,24 +30,28 @@ ZAYA1_ROUTER = [
     "model.moe.router.dim=32",
     "model.moe.router.aux_loss_coef=0.0",
 ]
+ROUTER_TUNED = ["model.moe.router.mlp_init_std=0.18", "model.moe.router.bias_p_gain=0.001"]
 CCA = ["model.attention.type=cca", "model.attention.rope_fraction=0.5"]
 
 # arm name -> (overrides, match the target's active parameters?)
 ARMS: dict[str, tuple[list[str], bool]] = {
     "cca+zaya1": (TOP1 + COMPRESSED + CCA + ZAYA1_ROUTER, False),  # the target
+    # the tiny default's router settings (issue 35): MLP init 1/sqrt(router width), balancing gain 0.001
+    "cca+zaya1 tuned": (TOP1 + COMPRESSED + CCA + ZAYA1_ROUTER + ROUTER_TUNED, False),
     "gqa+zaya1": (TOP1 + COMPRESSED + ["model.attention.rope_fraction=0.5"] + ZAYA1_ROUTER, True),
     "cca+linear": (TOP1 + COMPRESSED + CCA, True),
     "gqa+linear": (TOP1 + COMPRESSED + ["model.attention.rope_fraction=0.5"], True),
     "mha+linear (reference)": (TOP1, False),
 }
 TARGET = "cca+zaya1"
+BASE = "tiny_gqa"
 
 
 def model_cfg(overrides: list[str]):
     from zaya_pipeline.config import load_config
     from zaya_pipeline.model.sizing import with_resolved_vocab
 
-    return with_resolved_vocab(load_config(["model=tiny", *overrides]))
+    return with_resolved_vocab(load_config([f"model={BASE}", *overrides]))
 
 
 def matched_expert_hidden(overrides: list[str], target_active: int) -> int:
@@ -90,7 +95,7 @@ def arm_fields(overrides: list[str], plots: Path) -> dict:
 def run_arm(name: str, overrides: list[str], seed: int, args) -> dict:
     from sweep_cli import result_row, train_run
 
-    metrics = train_run(name.split()[0], seed, overrides, args, "zaya_ablation")
+    metrics = train_run(name.split()[0], seed, overrides, args, "zaya_ablation", BASE)
     row = result_row(name, seed, metrics) | arm_fields(overrides, metrics["out"] / "reports" / "plots")
     print(f"[{name} seed {seed}] " + json.dumps(row), flush=True)
     return row

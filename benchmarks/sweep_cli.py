@@ -46,15 +46,15 @@ def parse_sweep(parser: argparse.ArgumentParser, argv, known: list[str]):
     return args, seeds, arms
 
 
-def train_run(slug: str, seed: int, overrides: list[str], args, experiment: str) -> dict:
-    """One ``zaya train model=tiny train=<args.train> <overrides> <args.set>`` with its own outputs under
+def train_run(slug: str, seed: int, overrides: list[str], args, experiment: str, model: str = "tiny") -> dict:
+    """One ``zaya train model=<model> train=<args.train> <overrides> <args.set>`` with its own outputs under
     ``args.workdir/<slug>-s<seed>`` and MLflow run ``<slug>-s<seed>`` in ``experiment``; returns the run's
     train.json with ``out`` (its folder) and ``wall_s``."""
     out = Path(args.workdir) / f"{slug}-s{seed}"
     cmd = [
         str(Path(sys.executable).parent / "zaya"),
         "train",
-        "model=tiny",
+        f"model={model}",
         f"train={args.train}",
         *overrides,
         *args.set,

@@ -1,16 +1,20 @@
-"""Which tiny ZAYA1 should the embedded default train (issue 35)? The current default beside ZAYA1 arms
-candidates of the same active size, and the ZAYA1 router's knobs, on the same tokens.
+"""Which tiny ZAYA1 should the embedded default train (issue 35)? The default before it (``tiny_gqa``) beside
+ZAYA1 arms of the same active size, and the ZAYA1 router's knobs, on the same tokens.
 
-Every arm trains ``model=tiny`` plus its overrides with the ``train`` preset given (default: the embedded
-default's 400 steps x 16 x 128 tokens), seeds in ``--seeds``. The ZAYA1 arms are transformers' ``zaya``
-architecture: CCA with 4 query heads in 2 key/value groups of width 32, the ZAYA1 router (width 32, EDA,
-no auxiliary loss) with the skip expert, top-1 over 8 experts of 512 (active parameters within 1.3% of the
-current default's top-2 over 8 experts of 256), residual scaling. The knob arms change one thing each: the
-balancing controller's gain, the router's learning rate (its parameter group's ``lr_scale``), the skip
-expert's initial bias, the EDA scales' init. Each run is a real ``zaya train`` (MLflow experiment
-``zaya_default``); the tokens must exist (``dvc repro tokenize``)::
+Every arm trains ``model=tiny_gqa`` plus its overrides (so the arms do not move when conf/model/tiny.yaml
+does) with the ``train`` preset given (default: the embedded default's 400 steps x 16 x 128 tokens), seeds in
+``--seeds``. The ZAYA1 arms are transformers' ``zaya`` architecture: CCA with 4 query heads in 2 key/value
+groups of width 32, the ZAYA1 router (width 32, EDA, no auxiliary loss) with the skip expert, top-1 over
+experts of 512, residual scaling. Round 1 starts from transformers' init (8 experts, balancing gain 0.01)
+and changes one knob per arm: the controller's gain, the router's learning rate (its parameter group's
+``lr_scale``), the skip expert's initial bias, the EDA scales' init. Round 2 starts from what round 1 and
+single-seed diagnostics pointed to (``CHOSEN``: 4 experts, the MoE output scale starting at 5, the router
+MLP initialised at 1/sqrt(router width), gain 0.001 -- conf/model/tiny.yaml) and varies it again. Each run is
+a real ``zaya train`` (MLflow experiment ``zaya_default``); the tokens must exist (``dvc repro tokenize``)::
 
-    python benchmarks/zaya1_default.py --seeds 1234,1235,1236 --out benchmarks/results/zaya1_default.json
+    python benchmarks/zaya1_default.py --seeds 1234,1235,1236 \
+        --arms "$(python benchmarks/zaya1_default.py --round 2)" --set train.num_threads=1 \
+        --out benchmarks/results/zaya1_default.json
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ def router_lr_scale(scale: float) -> str:
     (Hydra cannot override one element of a list)."""
     from zaya_pipeline.config import as_dict, load_config
 
-    groups = as_dict(load_config([]))["train"]["optim"]["param_groups"]
+    groups = as_dict(load_config([f"model={BASE}"]))["train"]["optim"]["param_groups"]
     for g in groups:
         if g["name"] == "router":
             g["lr_scale"] = scale
@@ -58,9 +62,24 @@ def router_lr_scale(scale: float) -> str:
     return "+train.optim.param_groups=" + render(groups)
 
 
-ARMS: dict[str, list[str]] = {
-    "current default (gqa+linear top-2)": [],
+CHOSEN = [
+    *ZAYA1_TINY,
+    "model.moe.num_experts=4",
+    "model.moe_out_scale_init=5.0",
+    "model.moe.router.mlp_init_std=0.18",
+    "model.moe.router.bias_p_gain=0.001",
+]
+
+ROUND_2 = {
+    "tiny_gqa (the default before)": [],
     "zaya1": ZAYA1_TINY,
+    "chosen (conf/model/tiny.yaml)": CHOSEN,
+    "chosen + 8 experts + out scale 9": [*CHOSEN, "model.moe.num_experts=8", "model.moe_out_scale_init=9.0"],
+    "chosen + router lr x3": [*CHOSEN, "ROUTER_LR=3.0"],
+    "chosen + eda init 1": [*CHOSEN, "model.moe.router.eda_init=1.0"],
+}
+ARMS: dict[str, list[str]] = {
+    **ROUND_2,
     "zaya1 gain 0.001": [*ZAYA1_TINY, "model.moe.router.bias_p_gain=0.001"],
     "zaya1 gain 0.05": [*ZAYA1_TINY, "model.moe.router.bias_p_gain=0.05"],
     "zaya1 router lr x0.3": [*ZAYA1_TINY, "ROUTER_LR=0.3"],
@@ -68,6 +87,7 @@ ARMS: dict[str, list[str]] = {
     "zaya1 skip bias -3": [*ZAYA1_TINY, "model.moe.skip_bias_init=-3.0"],
     "zaya1 eda init 1": [*ZAYA1_TINY, "model.moe.router.eda_init=1.0"],
 }
+BASE = "tiny_gqa"
 
 
 def expand(overrides: list[str]) -> list[str]:
@@ -78,8 +98,8 @@ def run_arm(name: str, overrides: list[str], seed: int, args) -> dict:
     from ablation import arm_fields
     from sweep_cli import result_row, train_run
 
-    slug = name.split(" (")[0].replace(" ", "_")
-    metrics = train_run(slug, seed, expand(overrides), args, "zaya_default")
+    slug = "".join(c if c.isalnum() or c == "." else "_" for c in name.split(" (")[0])
+    metrics = train_run(slug, seed, expand(overrides), args, "zaya_default", BASE)
     model_overrides = [o for o in overrides if not o.startswith("ROUTER_LR=")]
     row = result_row(name, seed, metrics) | arm_fields(model_overrides, metrics["out"] / "reports" / "plots")
     print(f"[{name} seed {seed}] " + json.dumps(row), flush=True)
@@ -91,7 +111,11 @@ def main(argv: list[str] | None = None) -> int:
 
     out = ROOT / "benchmarks/results/zaya1_default.json"
     parser = sweep_parser(__doc__, list(ARMS), "/tmp/zaya_default", out)
+    parser.add_argument("--round", type=int, choices=(2,), help="print round 2's arms (for --arms) and exit")
     args, seeds, arms = parse_sweep(parser, argv, list(ARMS))
+    if args.round:
+        print(",".join(ROUND_2))
+        return 0
     rows = [run_arm(name, ARMS[name], seed, args) for seed in seeds for name in arms]
     summary = medians(
         rows,

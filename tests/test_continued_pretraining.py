@@ -1,6 +1,6 @@
 """Continued pretraining from a transformers ``zaya`` folder, the whole route through ``dvc repro``
 (``experiment=zaya1_continue``), on a tiny ZAYA folder that transformers itself writes (random weights with
-``model=zaya1_debug``'s architecture, and a small BPE tokenizer with its tokenizer_config.json):
+``model=debug``'s architecture, and a small BPE tokenizer with its tokenizer_config.json):
 
     tokenizer (the folder's) -> tokenize -> train from the folder's weights (the loss falls) -> evaluate
     -> register -> zaya export (transformers' own format) -> stock transformers loads it, our logits
@@ -14,9 +14,6 @@ import csv
 import dataclasses
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +23,7 @@ from safetensors.torch import load_file
 pytest.importorskip("transformers")
 
 from support.project import BIN, copy_project, run  # noqa: E402
+from support.transformers_side import load_with_transformers, zaya_generate  # noqa: E402
 from zaya_pipeline.config import TokenizerConfig, load_config  # noqa: E402
 from zaya_pipeline.data.tokenizer import train_bpe  # noqa: E402
 from zaya_pipeline.model import hf_format  # noqa: E402
@@ -61,7 +59,7 @@ def zaya_folder(tmp_path_factory) -> Path:
     tokenizer_config = {**special, "tokenizer_class": "PreTrainedTokenizerFast"}
     (root / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     ids = {f"{k}_id": tok.token_to_id(v if isinstance(v, str) else v["content"]) for k, v in special.items()}
-    cfg = dataclasses.replace(load_config(["model=zaya1_debug"]).model, vocab_size=VOCAB)
+    cfg = dataclasses.replace(load_config(["model=debug"]).model, vocab_size=VOCAB)
     config = dict(hf_format.hf_config(cfg, ids))
     config.pop("model_type"), config.pop("architectures")
     torch.manual_seed(0)
@@ -96,7 +94,7 @@ def test_zaya_import_gives_a_model_pt_with_transformers_logits(zaya_folder, tmp_
 
 @pytest.fixture(scope="module")
 def repo(zaya_folder, tmp_path_factory) -> Path:
-    overrides = ["experiment=zaya1_continue", f"train.init_from={zaya_folder}", "model=zaya1_debug"]
+    overrides = ["experiment=zaya1_continue", f"train.init_from={zaya_folder}", "model=debug"]
     overrides += ["data=debug", "train=debug", "eval=debug", "registry=debug", "parallel=debug", *TRAIN]
     repo = copy_project(tmp_path_factory.mktemp("continue") / "repo", *overrides)
     run([str(BIN / "dvc"), "repro"], repo, timeout=1800)
@@ -125,22 +123,6 @@ def hf_format_params(folder: Path) -> int:
     return sum(t.numel() for k, t in tensors.items() if not k.endswith("balancing_biases"))
 
 
-HF_SIDE = """
-import json, sys, torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-model = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()
-tok = AutoTokenizer.from_pretrained(sys.argv[1])
-ids = tok(sys.argv[2], return_tensors="pt").input_ids
-with torch.no_grad():
-    logits = model(ids).logits[0].tolist()
-    gen = model.generate(ids, max_new_tokens=6, do_sample=False)[0, ids.shape[1]:].tolist()
-eos = tok.eos_token_id
-gen = gen[: gen.index(eos)] if eos in gen else gen
-print(json.dumps({"class": type(model).__name__, "ids": ids[0].tolist(), "logits": logits,
-                  "text": tok.decode(gen, skip_special_tokens=True)}))
-"""
-
-
 def test_the_registered_champion_exports_to_stock_transformers(repo):
     """Transformers' own class, the document start (EOS, BOS) as in training, our logits, and the greedy
     text of `zaya generate`."""
@@ -149,10 +131,7 @@ def test_the_registered_champion_exports_to_stock_transformers(repo):
     run([str(BIN / "zaya"), "export", "--model", registry["model_uri"], "--out", str(out)], repo)
     assert json.loads((out / "config.json").read_text())["model_type"] == "zaya"
     prompt = "The database"
-    cmd = [sys.executable, "-c", HF_SIDE, str(out), prompt]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    theirs = load_with_transformers(out, prompt)
     assert theirs["class"] == "ZayaForCausalLM"
     meta = json.loads((repo / "artifacts" / "tokenizer" / "meta.json").read_text())
     assert theirs["ids"][:2] == [meta["eos_id"], meta["bos_id"]]
@@ -160,8 +139,4 @@ def test_the_registered_champion_exports_to_stock_transformers(repo):
     with torch.no_grad():
         logits = ours(torch.tensor([theirs["ids"]])).logits[0]
     torch.testing.assert_close(torch.tensor(theirs["logits"]), logits, rtol=1e-5, atol=1e-5)
-    cmd = [str(BIN / "zaya"), "generate", "--model", registry["model_uri"], "--max-new-tokens", "6", prompt]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING")}  # the repo's store
-    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.rstrip("\n").split("\n")[-1] == theirs["text"]
+    assert zaya_generate(repo, registry["model_uri"], prompt) == theirs["text"]

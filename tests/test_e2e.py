@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from support.project import BIN, copy_project, run
+from support.transformers_side import load_with_transformers, zaya_generate
 from support.wiring import covered, dvc_stages, expected_deps, param_problems
 
 pytestmark = pytest.mark.slow
@@ -93,6 +94,22 @@ def test_repro_runs_every_stage_and_registers_a_model(workspace, reproduced):
     cmd = [str(BIN / "zaya"), "generate", "--model", f"models:/{name}@champion", "The database"]
     out = run(cmd, workspace)
     assert out.strip()
+
+
+def test_the_champion_is_transformers_zaya_and_generates_what_zaya_generate_does(
+    workspace, reproduced, tmp_path
+):
+    """The default architecture is ZAYA1's: the debug pipeline's champion exports to transformers' own
+    format, stock transformers builds its own ZayaForCausalLM from it, and greedy text agrees with ours."""
+    registry = json.loads((workspace / "reports" / "registry.json").read_text())
+    uri = f"models:/{registry['model_name']}@champion"
+    out = tmp_path / "hf"
+    run([str(BIN / "zaya"), "export", "--model", uri, "--out", str(out)], workspace)
+    assert json.loads((out / "config.json").read_text())["model_type"] == "zaya"
+    theirs = load_with_transformers(out, "The database", new_tokens=8)
+    assert theirs["class"] == "ZayaForCausalLM"
+    assert theirs["text"].strip(), "the champion generated nothing: the comparison would be empty"
+    assert zaya_generate(workspace, uri, "The database", new_tokens=8) == theirs["text"]
 
 
 def test_each_stage_lists_exactly_the_params_it_reads(reproduced):

@@ -255,6 +255,7 @@ class RouterConfig:
     dim: int = 256  # zaya1: width the residual stream is down-projected to
     eda: bool = True  # zaya1: exponential depth averaging (add the previous layer's router state, scaled)
     eda_init: float = 0.0  # zaya1: initial EDA scale per channel (transformers' Zaya inits 1; ours 0)
+    mlp_init_std: float = 0.0  # zaya1: init std of the router MLP's three layers; 0 = model.init_std
     bias_p_gain: float = 0.01  # zaya1: balancing-bias controller, gain on each expert's relative load error
     bias_i_gain: float = 0.0  # zaya1: gain on the accumulated (integral) load error
 
@@ -290,6 +291,17 @@ class AttentionConfig:
     conv_kernel_grouped: int = 2
 
 
+def _tiny_attention() -> AttentionConfig:
+    """conf/model/tiny.yaml's attention: CCA, 2 key/value groups of 2 query heads of 32, RoPE on half."""
+    return AttentionConfig(type="cca", n_heads=4, n_kv_heads=2, head_dim=32, rope_fraction=0.5)
+
+
+def _tiny_moe() -> MoEConfig:
+    """conf/model/tiny.yaml's MoE: top-1 of 4 experts of 512 and the skip expert, the tuned ZAYA1 router."""
+    router = RouterConfig(type="zaya1", aux_loss_coef=0.0, dim=32, mlp_init_std=0.18, bias_p_gain=0.001)
+    return MoEConfig(num_experts=4, top_k=1, expert_hidden=512, skip_expert=True, router=router)
+
+
 @dataclass
 class ModelConfig:
     name: str = "tiny"
@@ -301,9 +313,10 @@ class ModelConfig:
     init_std: float = 0.02
     tie_embeddings: bool = True
     # ZAYA1: learnable per-channel scale + bias on the embedding output, the residual and each block output
-    residual_scaling: bool = False
-    attention: AttentionConfig = field(default_factory=AttentionConfig)
-    moe: MoEConfig = field(default_factory=MoEConfig)
+    residual_scaling: bool = True
+    moe_out_scale_init: float = 5.0  # residual scaling: initial scale of each MoE sub-block's output
+    attention: AttentionConfig = field(default_factory=_tiny_attention)
+    moe: MoEConfig = field(default_factory=_tiny_moe)
 
 
 def _default_param_groups() -> list[ParamGroupRule]:

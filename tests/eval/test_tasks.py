@@ -152,7 +152,7 @@ def tokenizer():
 def make_model(vocab: int, attention: str) -> ZayaLM:
     torch.manual_seed(0)
     cfg = ModelConfig(
-        vocab_size=vocab, d_model=32, n_layers=2, max_seq_len=MAX_LEN, init_std=0.3,
+        vocab_size=vocab, d_model=32, n_layers=2, max_seq_len=MAX_LEN, init_std=0.3, residual_scaling=False,
         attention=AttentionConfig(type=attention, n_heads=2),
         moe=MoEConfig(num_experts=2, top_k=1, expert_hidden=32),
     )  # fmt: skip

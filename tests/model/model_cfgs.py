@@ -10,7 +10,14 @@ def small_config(**overrides) -> ModelConfig:
     moe = overrides.pop("moe", MoEConfig(num_experts=4, top_k=2, expert_hidden=16))
     attention = overrides.pop("attention", AttentionConfig(n_heads=2))
     base = ModelConfig(
-        name="test", vocab_size=50, d_model=16, n_layers=2, max_seq_len=32, attention=attention, moe=moe
+        name="test",
+        vocab_size=50,
+        d_model=16,
+        n_layers=2,
+        max_seq_len=32,
+        residual_scaling=False,  # the schema's default is the tiny ZAYA1's (True)
+        attention=attention,
+        moe=moe,
     )
     return dataclasses.replace(base, **overrides)
 

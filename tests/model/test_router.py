@@ -170,3 +170,37 @@ def test_zaya1_bias_step_skipped_on_the_device_keeps_the_loads_for_the_next_one(
     b.update_bias()
     for key in ("expert_bias_E", "load_error_integral_E", "pending_counts_E"):
         assert torch.equal(getattr(a, key), getattr(b, key)), key
+
+
+def test_the_tiny_defaults_init_knobs_reach_the_router_mlp_and_the_moe_output_scale():
+    """``model.moe.router.mlp_init_std`` sets the router MLP's init (its down-projection keeps init_std) and
+    ``model.moe_out_scale_init`` the MoE sub-blocks' output scales (the attention's stay 1)."""
+    from zaya_pipeline.config import load_config
+    from zaya_pipeline.model import ZayaLM
+
+    cfg = load_config(["model=tiny", "model.vocab_size=512"]).model
+    assert (cfg.moe.router.mlp_init_std, cfg.moe_out_scale_init) == (0.18, 5.0)
+    torch.manual_seed(0)
+    model = ZayaLM(cfg)
+    for block in model.blocks:
+        router = block.moe.router
+        assert abs(router.down.weight.std().item() - cfg.init_std) < 0.1 * cfg.init_std
+        for i in (0, 2):  # R x R: enough samples for a 10% bound
+            assert abs(router.mlp[i].weight.std().item() - 0.18) < 0.018
+        assert torch.equal(block.moe_add.out_scale_D, torch.full_like(block.moe_add.out_scale_D, 5.0))
+        assert torch.equal(block.attn_add.out_scale_D, torch.ones_like(block.attn_add.out_scale_D))
+    plain = ZayaLM(
+        load_config(
+            [
+                "model=zaya1_base",
+                "model.d_model=64",
+                "model.n_layers=1",
+                "model.vocab_size=512",
+                "model.moe.expert_hidden=32",
+                "model.attention.head_dim=16",
+                "model.moe.router.dim=32",
+            ]
+        ).model
+    )
+    assert abs(plain.blocks[0].moe.router.mlp[0].weight.std().item() - 0.02) < 0.004  # transformers' init
+    assert torch.equal(plain.blocks[0].moe_add.out_scale_D, torch.ones(64))

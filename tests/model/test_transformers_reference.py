@@ -41,6 +41,7 @@ def zaya_config(**overrides) -> ModelConfig:
         n_layers=3,
         max_seq_len=64,
         residual_scaling=True,
+        moe_out_scale_init=1.0,  # transformers' init (the perturbation below moves it anyway)
         attention=attention,
         moe=moe,
     )

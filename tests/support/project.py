@@ -12,8 +12,11 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's zaya and dvc
 
 
-def run(cmd: list[str], cwd: Path, timeout: int = 900, env: dict | None = None) -> str:
-    """Run ``cmd`` with the venv first on PATH and no MLflow server in the environment; its output."""
+def run(
+    cmd: list[str], cwd: Path, timeout: int = 900, env: dict | None = None, stdout_only: bool = False
+) -> str:
+    """Run ``cmd`` with the venv first on PATH and no MLflow server in the environment; its output (stdout
+    and stderr, or stdout alone)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING")}
     full_env["PATH"] = f"{BIN}{os.pathsep}{full_env.get('PATH', '')}"
     full_env.update(env or {})
@@ -21,7 +24,7 @@ def run(cmd: list[str], cwd: Path, timeout: int = 900, env: dict | None = None) 
     assert out.returncode == 0, (
         f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
     )
-    return out.stdout + out.stderr
+    return out.stdout if stdout_only else out.stdout + out.stderr
 
 
 def copy_project(dst: Path, *overrides: str) -> Path:

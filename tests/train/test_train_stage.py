@@ -92,7 +92,7 @@ def test_plots_files(trained):
     val = read_csv(plots / "val.csv")
     assert [int(r["step"]) for r in val] == val_steps(cfg)
     load = read_csv(plots / "expert_load.csv")
-    L, E = cfg.model.n_layers, cfg.model.moe.num_experts
+    L, E = cfg.model.n_layers, cfg.model.moe.num_experts + cfg.model.moe.skip_expert  # the skip expert too
     assert len(load) == len(log_steps(cfg)) * L * E
     for step in (cfg.train.log_every, cfg.train.max_steps):
         for layer in range(L):

@@ -114,7 +114,7 @@ def _refuse(origin: str, key: str, value, why: str) -> DataError:
 def model_config_from_hf(config: dict, origin: str, base: ModelConfig | None = None) -> ModelConfig:
     """Our ``ModelConfig`` for a transformers ``zaya`` config.json (a dict). The architecture comes from
     ``config``; what config.json does not describe (training knobs: router gains, loss weights, the expert
-    backend) from ``base`` (default: the schema's defaults, with ZAYA1's aux-loss-free router)."""
+    backend) from ``base`` (default: transformers' init and ZAYA1's aux-loss-free router with gain 0.01)."""
     if config.get("model_type") != MODEL_TYPE:
         raise DataError(f"{origin}: model_type is {config.get('model_type')!r}, not {MODEL_TYPE!r}")
     c = {**HF_DEFAULTS, **config}
@@ -140,7 +140,8 @@ def model_config_from_hf(config: dict, origin: str, base: ModelConfig | None = N
     factor = float(rope.get("partial_rotary_factor", 1.0))
     if int(Hd * factor) % 2:
         raise _refuse(origin, "rope_parameters.hybrid.partial_rotary_factor", factor, "odd rotated width")
-    base = base or ModelConfig(moe=MoEConfig(router=RouterConfig(aux_loss_coef=0.0)))
+    # not the tiny default's tuned init: transformers' (scales 1, init_std everywhere) and ZAYA1's router gain
+    base = base or ModelConfig(moe_out_scale_init=1.0, moe=MoEConfig(router=RouterConfig(aux_loss_coef=0.0)))
     attention = replace(
         base.attention,
         type="cca",
@@ -241,7 +242,9 @@ def to_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, t
             eda_R = state.get(ours + "moe.router.eda_scale_R", torch.zeros(R))  # no EDA = scale 0
             out[hf + "mlp.gate.router_states_scale"] = eda_R
         bias_E = state[ours + "moe.router.expert_bias_E"].float()
-        out[hf + "mlp.gate.balancing_biases"] = bias_E - (bias_E[-1] + 1.0)
+        hf_bias_E = bias_E - (bias_E[-1] + 1.0)  # the same choices with the skip bias at transformers' -1
+        hf_bias_E[-1] = -1.0  # exactly, whatever the rounding: a re-export of an import is bit-identical
+        out[hf + "mlp.gate.balancing_biases"] = hf_bias_E
         out[hf + "mlp.experts.gate_up_proj"] = state[ours + "moe.experts.w_gate_up_EDF2"].transpose(1, 2)
         out[hf + "mlp.experts.down_proj"] = state[ours + "moe.experts.w_down_EFD"].transpose(1, 2)
     return {k: v.contiguous() for k, v in out.items()}

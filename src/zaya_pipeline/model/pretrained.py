@@ -19,6 +19,7 @@ FREE_KEYS = frozenset(
     {
         "name",
         "init_std",
+        "moe_out_scale_init",
         "max_seq_len",
         "attention.rope_theta",
         "moe.expert_backend",
@@ -29,6 +30,7 @@ FREE_KEYS = frozenset(
         "moe.router.bias_p_gain",
         "moe.router.bias_i_gain",
         "moe.router.eda_init",
+        "moe.router.mlp_init_std",
     }
 )
 

@@ -114,7 +114,7 @@ class Zaya1Router(nn.Module):
         self.down = nn.Linear(d_model, R)
         # the first layer has no previous router state, so no scale (as in transformers' ZayaRouter)
         self.eda_scale_R = nn.Parameter(torch.zeros(R)) if cfg.eda and layer_idx > 0 else None
-        self.eda_init = cfg.eda_init
+        self.eda_init, self.mlp_init_std = cfg.eda_init, cfg.mlp_init_std
         self.norm = nn.RMSNorm(R, eps=eps)
         self.mlp = nn.Sequential(
             nn.Linear(R, R),
@@ -138,10 +138,13 @@ class Zaya1Router(nn.Module):
         self.pending_counts_E.zero_()
 
     def reset_parameters(self, std: float) -> None:
-        """Weights N(0, std), biases 0, EDA scales ``model.moe.router.eda_init`` (default 0, **ours**: a layer
-        starts without its predecessor's state; transformers' ``Zaya`` initialises them to 1)."""
-        for linear in (self.down, self.mlp[0], self.mlp[2], self.mlp[4]):
-            nn.init.normal_(linear.weight, std=std)
+        """Weights N(0, std) (the MLP's N(0, ``model.moe.router.mlp_init_std``) when that is set), biases 0,
+        EDA scales ``model.moe.router.eda_init`` (default 0, **ours**: a layer starts without its
+        predecessor's state; transformers' ``Zaya`` initialises them to 1)."""
+        mlp_std = self.mlp_init_std or std
+        layers = (self.down, self.mlp[0], self.mlp[2], self.mlp[4])
+        for linear, s in zip(layers, (std, mlp_std, mlp_std, mlp_std), strict=True):
+            nn.init.normal_(linear.weight, std=s)
             if linear.bias is not None:
                 nn.init.zeros_(linear.bias)
         if self.eda_scale_R is not None:

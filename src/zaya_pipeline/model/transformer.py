@@ -54,11 +54,13 @@ class ResidualAdd(nn.Module):
             self.out_scale_D = nn.Parameter(torch.ones(d_model))
             self.out_bias_D = nn.Parameter(torch.zeros(d_model))
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, out_scale: float = 1.0) -> None:
+        """Scales 1 (the output's ``out_scale``), biases 0."""
         if self.scaled:
-            for scale, bias in ((self.res_scale_D, self.res_bias_D), (self.out_scale_D, self.out_bias_D)):
-                nn.init.ones_(scale)
-                nn.init.zeros_(bias)
+            nn.init.ones_(self.res_scale_D)
+            nn.init.constant_(self.out_scale_D, out_scale)
+            nn.init.zeros_(self.res_bias_D)
+            nn.init.zeros_(self.out_bias_D)
 
     def forward(self, x_BTD: torch.Tensor, f_BTD: torch.Tensor) -> torch.Tensor:
         if not self.scaled:
@@ -116,7 +118,10 @@ class ZayaLM(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """N(0, init_std) everywhere; projections that write into the residual stream get
-        init_std / sqrt(2 n_layers) so the residual's variance does not grow with depth (GPT-2)."""
+        init_std / sqrt(2 n_layers) so the residual's variance does not grow with depth (GPT-2). With residual
+        scaling, each MoE output's scale starts at ``model.moe_out_scale_init`` (a top-1 gate is one
+        softmax probability, about 1 / the number of choices at init, so its output starts that much
+        smaller than a top-k renormalized gate's)."""
         std = self.cfg.init_std
         out_std = std / math.sqrt(2 * self.cfg.n_layers)
         nn.init.normal_(self.embed.weight, std=std)
@@ -126,7 +131,7 @@ class ZayaLM(nn.Module):
             block.attn.reset_parameters(std, out_std)
             block.moe.reset_parameters(std, out_std)
             block.attn_add.reset_parameters()
-            block.moe_add.reset_parameters()
+            block.moe_add.reset_parameters(self.cfg.moe_out_scale_init)
         if self.cfg.residual_scaling:
             nn.init.ones_(self.input_scale_D)
             nn.init.zeros_(self.input_bias_D)
