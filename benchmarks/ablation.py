@@ -102,11 +102,12 @@ def run_arm(name: str, overrides: list[str], seed: int, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sweep_cli import medians, parse_sweep, sweep_parser, write_result
+    from sweep_cli import combined, earlier_runs, medians, parse_sweep, sweep_parser, write_result
 
     out = ROOT / "benchmarks/results/ablation.json"
     parser = sweep_parser(__doc__, list(ARMS), "/tmp/zaya_ablation", out)
     args, seeds, arms = parse_sweep(parser, argv, list(ARMS))
+    earlier, commands = earlier_runs(args)
 
     from zaya_pipeline.model.sizing import num_active_params
 
@@ -118,13 +119,14 @@ def main(argv: list[str] | None = None) -> int:
             overrides = [*overrides, f"model.moe.expert_hidden={matched_expert_hidden(overrides, target)}"]
         for seed in seeds:
             rows.append(run_arm(name, overrides, seed, args))
+    rows, arms = combined(earlier, rows, list(ARMS))
     summary = medians(
         rows,
         arms,
         ("val_loss", "val_over_unigram", "max_over_mean_load", "tokens_per_s"),
         ("params_active_non_embedding", "expert_hidden", "tokens_seen"),
     )
-    write_result("ablation.py", argv, args, seeds, summary, rows)
+    write_result("ablation.py", argv, args, seeds, summary, rows, commands)
     return 0
 
 

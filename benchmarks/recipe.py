@@ -73,16 +73,18 @@ def plot(rows: list[dict], arms: list[str], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sweep_cli import medians, parse_sweep, sweep_parser, write_result
+    from sweep_cli import combined, earlier_runs, medians, parse_sweep, sweep_parser, write_result
 
     parser = sweep_parser(__doc__, list(ARMS), "/tmp/zaya_recipe", ROOT / "benchmarks/results/recipe.json")
     parser.add_argument("--val-every", type=int, default=25, help="steps between validation passes")
     parser.add_argument("--plot", default=str(ROOT / "docs/img/recipe_val_loss.png"))
     args, seeds, arms = parse_sweep(parser, argv, list(ARMS))
+    earlier, commands = earlier_runs(args)
 
     rows = [run_arm(name, seed, args) for seed in seeds for name in arms]
+    rows, arms = combined(earlier, rows, list(ARMS))
     summary = medians(rows, arms, ("val_loss", "val_over_unigram", "tokens_per_s"), ("tokens_seen",))
-    write_result("recipe.py", argv, args, seeds, summary, rows)
+    write_result("recipe.py", argv, args, seeds, summary, rows, commands)
     plot(rows, arms, Path(args.plot))
     return 0
 

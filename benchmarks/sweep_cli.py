@@ -32,7 +32,35 @@ def sweep_parser(doc: str, arms: list[str], workdir: str, out: Path) -> argparse
         help="a config override for every run, e.g. train.max_steps=1600 (repeatable)",
     )
     parser.add_argument("--out", default=str(out))
+    parser.add_argument(
+        "--add",
+        action="store_true",
+        help="keep the runs already in --out (same --train and --set) and add these, replacing any run of "
+        "the same arm and seed",
+    )
     return parser
+
+
+def earlier_runs(args) -> tuple[list[dict], list[str]]:
+    """With ``--add``: the runs and commands already in ``--out``; a file made with another train preset or
+    other ``--set`` overrides is a usage error (its runs would not compare)."""
+    if not args.add or not Path(args.out).is_file():
+        return [], []
+    old = json.loads(Path(args.out).read_text())
+    if (old["train"], old["overrides"]) != (args.train, args.set):
+        raise SystemExit(
+            f"--add: {args.out} holds runs of --train {old['train']} --set {old['overrides']}, "
+            f"not --train {args.train} --set {args.set}"
+        )
+    commands = old["command"] if isinstance(old["command"], list) else [old["command"]]
+    return old["runs"], commands
+
+
+def combined(earlier: list[dict], rows: list[dict], known_arms: list[str]) -> tuple[list[dict], list[str]]:
+    """``earlier`` runs not redone in ``rows``, then ``rows``; the arms they cover in ``known_arms`` order."""
+    redone = {(r["arm"], r["seed"]) for r in rows}
+    runs = [r for r in earlier if (r["arm"], r["seed"]) not in redone] + rows
+    return runs, [a for a in known_arms if any(r["arm"] == a for r in runs)]
 
 
 def parse_sweep(parser: argparse.ArgumentParser, argv, known: list[str]):
@@ -87,12 +115,16 @@ def medians(rows: list[dict], arms: list[str], median_keys: tuple, first_keys: t
     return summary
 
 
-def write_result(script: str, argv, args, seeds: list[int], summary: dict, rows: list[dict]) -> None:
+def write_result(
+    script: str, argv, args, seeds: list[int], summary: dict, rows: list[dict], earlier: list[str] = ()
+) -> None:
+    """The JSON at ``--out``; ``earlier``: the commands of runs kept from it (``--add``)."""
+    command = f"python benchmarks/{script} " + " ".join(argv if argv is not None else sys.argv[1:])
     result = {
-        "command": f"python benchmarks/{script} " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": [*earlier, command] if earlier else command,
         "date": time.strftime("%Y-%m-%d"),
         "cpu_count": os.cpu_count(),
-        "seeds": seeds,
+        "seeds": sorted({r["seed"] for r in rows}) if earlier else seeds,
         "train": args.train,
         "overrides": args.set,
         "summary_median_over_seeds": summary,

@@ -107,7 +107,7 @@ def run_arm(name: str, overrides: list[str], seed: int, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sweep_cli import medians, parse_sweep, sweep_parser, write_result
+    from sweep_cli import combined, earlier_runs, medians, parse_sweep, sweep_parser, write_result
 
     out = ROOT / "benchmarks/results/zaya1_default.json"
     parser = sweep_parser(__doc__, list(ARMS), "/tmp/zaya_default", out)
@@ -116,14 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.round:
         print(",".join(ROUND_2))
         return 0
+    earlier, commands = earlier_runs(args)
     rows = [run_arm(name, ARMS[name], seed, args) for seed in seeds for name in arms]
+    rows, arms = combined(earlier, rows, list(ARMS))
     summary = medians(
         rows,
         arms,
         ("val_loss", "val_over_unigram", "max_over_mean_load", "tokens_per_s"),
         ("params_active_non_embedding", "params_total_non_embedding", "tokens_seen"),
     )
-    write_result("zaya1_default.py", argv, args, seeds, summary, rows)
+    write_result("zaya1_default.py", argv, args, seeds, summary, rows, commands)
     return 0
 
 

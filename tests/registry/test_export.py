@@ -106,7 +106,7 @@ def variant_model(name: str, vocab: int, path: Path, max_seq_len: int = 48) -> P
     torch.manual_seed(len(name))
     cfg = ModelConfig(
         vocab_size=vocab, d_model=32, n_layers=2, max_seq_len=max_seq_len, attention=attention,
-        tie_embeddings=False, residual_scaling=scaled,
+        tie_embeddings=False, residual_scaling=scaled, moe_out_scale_init=1.0,
         moe=MoEConfig(num_experts=4, top_k=1, expert_hidden=16, skip_expert=skip, router=router),
     )  # fmt: skip
     model = ZayaLM(cfg)

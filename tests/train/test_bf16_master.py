@@ -17,7 +17,20 @@ from zaya_pipeline.train.precision import Bf16Weights, resolved_precision
 from zaya_pipeline.train.run import train
 
 STEPS = 50
-TOL = 0.02  # |bf16-master - fp32| / fp32 of each logged train loss (measured max 0.0058: docs/training.md)
+TOL = 0.02  # |bf16-master - fp32| / fp32 of each logged train loss (measured max 0.0076: docs/training.md)
+# The precision machinery on the generic MoE at debug size (tiny_gqa's architecture: top-2 of 4, linear
+# router): the ZAYA1 debug model's top-1 routing with a skip expert flips choices on bf16 rounding, which
+# moves its losses by up to 5% by step 50 (docs/training.md) whatever the machinery does.
+GENERIC_DEBUG = (
+    "model=tiny_gqa",
+    "model.d_model=64",
+    "model.n_layers=2",
+    "model.max_seq_len=128",
+    "model.attention.n_heads=2",
+    "model.moe.num_experts=4",
+    "model.moe.top_k=2",
+    "model.moe.expert_hidden=128",
+)
 
 
 def test_bf16_weights_swap_in_and_out():
@@ -58,7 +71,7 @@ def test_auto_precision_is_bf16_master_on_gpus_but_fsdp2_and_fp32_on_cpus():
 
 @pytest.mark.slow
 def test_bf16_master_trains_like_fp32(tmp_path, token_dir):
-    common = (f"train.max_steps={STEPS}", "train.log_every=5")
+    common = (*GENERIC_DEBUG, f"train.max_steps={STEPS}", "train.log_every=5")
     fp32 = logged_losses(tmp_path / "fp32", token_dir, *common)
     bf16 = logged_losses(tmp_path / "bf16", token_dir, *common, "train.precision=bf16-master")
     assert len(fp32) == len(bf16) == STEPS // 5

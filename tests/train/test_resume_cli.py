@@ -98,4 +98,6 @@ def test_sigterm_saves_both_ranks_and_the_checkpoint_resumes_in_one_process(tmp_
     assert not any(p.name.endswith(".partial") for p in (tmp_path / "run" / "ckpt").iterdir())
     resumed = run(tmp_path / "run", token_dir, "train.resume=auto")  # one process, the same global batch
     assert min(resumed) == step + 1
-    assert_same_curve(resumed, reference, rtol=1e-4)
+    # two processes sum gradients and expert loads in another order than one; top-1 routing with the skip
+    # expert carries those last-bit differences into later choices (measured: 1.2e-4 by step 38, 2026-12-07)
+    assert_same_curve(resumed, reference, rtol=5e-4)
