@@ -134,9 +134,15 @@ def test_residual_scaling_starts_as_the_plain_residual_and_learns(cfg):
     torch.manual_seed(0)
     plain = ZayaLM(cfg)
     torch.manual_seed(0)
-    scaled = ZayaLM(dataclasses.replace(cfg, residual_scaling=True))
+    scaled = ZayaLM(dataclasses.replace(cfg, residual_scaling=True, moe_out_scale_init=1.0))
     ids = torch.randint(0, cfg.vocab_size, (2, 8))
     torch.testing.assert_close(scaled(ids).logits, plain(ids).logits)  # scales 1, biases 0 at init
+    torch.manual_seed(0)  # the tiny default's MoE output scale (5) is the only difference
+    boosted = ZayaLM(dataclasses.replace(cfg, residual_scaling=True, moe_out_scale_init=5.0))
+    with torch.no_grad():
+        for block in boosted.blocks:
+            block.moe_add.out_scale_D.fill_(1.0)
+    torch.testing.assert_close(boosted(ids).logits, plain(ids).logits)
     scaled(ids).logits.square().mean().backward()
     block = scaled.blocks[0]
     for p in (block.attn_add.res_scale_D, block.attn_add.out_bias_D, block.moe_add.out_scale_D):
