@@ -95,7 +95,8 @@ def arm_fields(overrides: list[str], plots: Path) -> dict:
 def run_arm(name: str, overrides: list[str], seed: int, args) -> dict:
     from sweep_cli import result_row, train_run
 
-    metrics = train_run(name.split()[0], seed, overrides, args, "zaya_ablation", BASE)
+    slug = "".join(c if c.isalnum() or c in "+." else "_" for c in name.split(" (")[0])  # one folder per arm
+    metrics = train_run(slug, seed, overrides, args, "zaya_ablation", BASE)
     row = result_row(name, seed, metrics) | arm_fields(overrides, metrics["out"] / "reports" / "plots")
     print(f"[{name} seed {seed}] " + json.dumps(row), flush=True)
     return row

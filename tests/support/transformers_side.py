@@ -36,6 +36,8 @@ def load_with_transformers(folder: Path, prompt: str, new_tokens: int = 6) -> di
 
 
 def zaya_generate(repo: Path, model_uri: str, prompt: str, new_tokens: int = 6) -> str:
-    """`zaya generate`'s greedy text for ``prompt`` from ``model_uri`` in ``repo``'s MLflow store."""
+    """`zaya generate`'s greedy text for ``prompt`` from ``model_uri`` in ``repo``'s MLflow store (all of it:
+    a continuation may hold newlines)."""
     cmd = [str(BIN / "zaya"), "generate", "--model", model_uri, "--max-new-tokens", str(new_tokens), prompt]
-    return run(cmd, repo, stdout_only=True).rstrip("\n").split("\n")[-1]
+    out = run(cmd, repo, stdout_only=True)
+    return out[:-1] if out.endswith("\n") else out
