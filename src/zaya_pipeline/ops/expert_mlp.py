@@ -235,9 +235,9 @@ def available_backends(
     grouped = ["grouped_mm"] if dims is None or grouped_mm_aligned(*dims, dtype) else []
     triton = ["triton"] if triton_available() else []
     if device.type == "cuda":  # CUDA and ROCm (torch.version.hip) both report "cuda"
-        # torch's grouped_mm kernels take bf16 only on GPU. Our Triton kernels have not been compiled or timed
-        # on a GPU yet (docs/kernels.md), so auto prefers the measured-elsewhere grouped_mm where it applies;
-        # scripts/gpu_check.sh's benchmark decides whether triton goes first.
+        # torch's grouped_mm kernels take bf16 only on GPU. On one H200 (2026-12-04, docs/kernels.md) our
+        # Triton kernels were slightly slower than grouped_mm at the ZAYA1 shape, so auto prefers grouped_mm
+        # where it applies; scripts/gpu_check.sh's benchmark decides whether triton goes first.
         if dtype == torch.bfloat16:
             return grouped + triton + ["loop"]
         return triton + ["loop"]
