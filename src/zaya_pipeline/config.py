@@ -512,13 +512,6 @@ class ZayaConfig:
     registry: RegistryConfig = field(default_factory=RegistryConfig)
 
 
-def register_configs() -> None:
-    """Register the schema in Hydra's ConfigStore (as ``zaya_schema``) for tools that want it."""
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="zaya_schema", node=ZayaConfig)
-
-
 def to_schema(raw: Any, origin: str) -> ZayaConfig:
     """Validate a composed config (DictConfig or dict) against the schema; ``origin`` names its source."""
     from omegaconf import OmegaConf

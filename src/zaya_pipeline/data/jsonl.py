@@ -24,7 +24,6 @@ from typing import BinaryIO
 
 from zaya_pipeline.errors import DataError
 
-JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
 SNIFF_BYTES = 8192  # how much of a file's (decompressed) start decides whether it is text at all
 
 # Reasons a line is bad, as reported (reports/prepare.json counts by these names).

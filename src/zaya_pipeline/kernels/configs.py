@@ -30,7 +30,6 @@ import os
 
 import triton
 
-VENDORS = ("cuda", "rocm")
 # kernel (as named in kernels/expert_mlp.py, without "_kernel") -> the table it autotunes over
 KERNEL_TABLE = {"gate_up": "gate_up", "grouped_gemm": "gemm", "down_bwd": "down_bwd", "grouped_dw": "dw"}
 
