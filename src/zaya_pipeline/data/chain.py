@@ -184,7 +184,8 @@ def _check_values(step: ChainStep) -> None:
     elif step.type == "length":
         _at_least(step, 0, "min_chars", "max_chars", "min_words", "max_words")
     elif step.type == "language":
-        if not 0 <= p.get("language_threshold", 0.65) <= 1:
+        threshold = p.get("language_threshold")  # absent: the filter's own default
+        if threshold is not None and not 0 <= threshold <= 1:
             raise ConfigError(f"{step.key}.language_threshold={p['language_threshold']} must be in [0, 1]")
         langs = p.get("languages") or []
         if not isinstance(langs, list | tuple) or not all(isinstance(x, str) for x in langs):

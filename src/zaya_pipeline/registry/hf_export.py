@@ -28,7 +28,7 @@ from dataclasses import asdict
 from importlib.metadata import version as dist_version
 from pathlib import Path
 
-from zaya_pipeline.config import RegistryConfig
+from zaya_pipeline.config import PathsConfig, RegistryConfig
 from zaya_pipeline.errors import ConfigError, DataError
 from zaya_pipeline.utils import atomic_dir, get_logger, read_json
 
@@ -75,8 +75,9 @@ def parser() -> argparse.ArgumentParser:
         required=True,
         help="a registered model (models:/<name>@<alias>, models:/<name>/<version>) or a model.pt file",
     )
+    default_tokenizer = PathsConfig().tokenizer
     p.add_argument(
-        "--tokenizer", default="", help="tokenizer folder for a model.pt (default: artifacts/tokenizer)"
+        "--tokenizer", default="", help=f"tokenizer folder for a model.pt (default: {default_tokenizer})"
     )
     p.add_argument(
         "--out", required=True, help="the folder to write (replaced if it holds an earlier export)"
@@ -124,7 +125,7 @@ def _registered_files(model_uri: str, tracking_uri: str) -> dict[str, Path]:
 
 
 def _local_files(model_pt: str, tokenizer_dir: str) -> dict[str, Path]:
-    tok = Path(tokenizer_dir or "artifacts/tokenizer")
+    tok = Path(tokenizer_dir or PathsConfig().tokenizer)
     files = {
         "model": Path(model_pt),
         "tokenizer": tok / "tokenizer.json",
