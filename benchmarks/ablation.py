@@ -93,10 +93,9 @@ def arm_fields(overrides: list[str], plots: Path) -> dict:
 
 
 def run_arm(name: str, overrides: list[str], seed: int, args) -> dict:
-    from sweep_cli import result_row, train_run
+    from sweep_cli import result_row, run_slug, train_run
 
-    slug = "".join(c if c.isalnum() or c in "+." else "_" for c in name.split(" (")[0])  # one folder per arm
-    metrics = train_run(slug, seed, overrides, args, "zaya_ablation", BASE)
+    metrics = train_run(run_slug(name), seed, overrides, args, "zaya_ablation", BASE)
     row = result_row(name, seed, metrics) | arm_fields(overrides, metrics["out"] / "reports" / "plots")
     print(f"[{name} seed {seed}] " + json.dumps(row), flush=True)
     return row
@@ -127,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         ("val_loss", "val_over_unigram", "max_over_mean_load", "tokens_per_s"),
         ("params_active_non_embedding", "expert_hidden", "tokens_seen"),
     )
-    write_result("ablation.py", argv, args, seeds, summary, rows, commands)
+    write_result("ablation.py", argv, args, summary, rows, commands)
     return 0
 
 

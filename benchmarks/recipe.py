@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [run_arm(name, seed, args) for seed in seeds for name in arms]
     rows, arms = combined(earlier, rows, list(ARMS))
     summary = medians(rows, arms, ("val_loss", "val_over_unigram", "tokens_per_s"), ("tokens_seen",))
-    write_result("recipe.py", argv, args, seeds, summary, rows, commands)
+    write_result("recipe.py", argv, args, summary, rows, commands)
     plot(rows, arms, Path(args.plot))
     return 0
 

@@ -74,6 +74,12 @@ def parse_sweep(parser: argparse.ArgumentParser, argv, known: list[str]):
     return args, seeds, arms
 
 
+def run_slug(arm: str) -> str:
+    """An arm's folder and MLflow run name: its name up to any " (" note, with every character but letters,
+    digits, "+" and "." made "_" (a comma or space would split a Hydra override)."""
+    return "".join(c if c.isalnum() or c in "+." else "_" for c in arm.split(" (")[0])
+
+
 def train_run(slug: str, seed: int, overrides: list[str], args, experiment: str, model: str = "tiny") -> dict:
     """One ``zaya train model=<model> train=<args.train> <overrides> <args.set>`` with its own outputs under
     ``args.workdir/<slug>-s<seed>`` and MLflow run ``<slug>-s<seed>`` in ``experiment``; returns the run's
@@ -115,16 +121,15 @@ def medians(rows: list[dict], arms: list[str], median_keys: tuple, first_keys: t
     return summary
 
 
-def write_result(
-    script: str, argv, args, seeds: list[int], summary: dict, rows: list[dict], earlier: list[str] = ()
-) -> None:
-    """The JSON at ``--out``; ``earlier``: the commands of runs kept from it (``--add``)."""
+def write_result(script: str, argv, args, summary: dict, rows: list[dict], earlier: list[str] = ()) -> None:
+    """The JSON at ``--out`` (its seeds are the runs', in order of first appearance); ``earlier``: the
+    commands of runs kept from it (``--add``)."""
     command = f"python benchmarks/{script} " + " ".join(argv if argv is not None else sys.argv[1:])
     result = {
         "command": [*earlier, command] if earlier else command,
         "date": time.strftime("%Y-%m-%d"),
         "cpu_count": os.cpu_count(),
-        "seeds": sorted({r["seed"] for r in rows}) if earlier else seeds,
+        "seeds": list(dict.fromkeys(r["seed"] for r in rows)),
         "train": args.train,
         "overrides": args.set,
         "summary_median_over_seeds": summary,

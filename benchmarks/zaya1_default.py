@@ -96,10 +96,9 @@ def expand(overrides: list[str]) -> list[str]:
 
 def run_arm(name: str, overrides: list[str], seed: int, args) -> dict:
     from ablation import arm_fields
-    from sweep_cli import result_row, train_run
+    from sweep_cli import result_row, run_slug, train_run
 
-    slug = "".join(c if c.isalnum() or c == "." else "_" for c in name.split(" (")[0])
-    metrics = train_run(slug, seed, expand(overrides), args, "zaya_default", BASE)
+    metrics = train_run(run_slug(name), seed, expand(overrides), args, "zaya_default", BASE)
     model_overrides = [o for o in overrides if not o.startswith("ROUTER_LR=")]
     row = result_row(name, seed, metrics) | arm_fields(model_overrides, metrics["out"] / "reports" / "plots")
     print(f"[{name} seed {seed}] " + json.dumps(row), flush=True)
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         ("val_loss", "val_over_unigram", "max_over_mean_load", "tokens_per_s"),
         ("params_active_non_embedding", "params_total_non_embedding", "tokens_seen"),
     )
-    write_result("zaya1_default.py", argv, args, seeds, summary, rows, commands)
+    write_result("zaya1_default.py", argv, args, summary, rows, commands)
     return 0
 
 
