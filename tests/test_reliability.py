@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import pickle
 import re
@@ -107,8 +108,6 @@ BAD_VALUES = [
 
 def test_the_reported_mfu_is_a_fraction_of_a_peak_that_holds(pipeline):
     """The default run once reported ``mfu: 1.19``: the CPU peak was a matmul measured on a busy machine."""
-    import json
-
     train = json.loads((pipeline / "reports" / "train.json").read_text())
     assert 0 < train["mfu"] <= 1, train
     from zaya_pipeline.train.throughput import spec_cpu_peak
@@ -202,3 +201,218 @@ def test_kill_9_mid_stage_loses_nothing(intact, stage, pattern):
     _kill_when(intact, stage, pattern, *overrides)
     for path in intact.rglob(".*.tmp-*"):  # what atomic_dir staged: the next run removes it (test_utils.py)
         shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+# --- round 2 (issue 32): hostile and careless inputs ----------------------------------------------------
+
+
+@pytest.fixture
+def scratch(pipeline, tmp_path) -> Path:
+    """A copy of the reproduced pipeline (its MLflow store adopts the copy on first use): for the cases that
+    change outputs on purpose."""
+    root = tmp_path / "copy"
+    shutil.copytree(pipeline, root, symlinks=True)
+    return root
+
+
+ROUND_2_VALUES = [  # each printed a traceback of 20-700 lines before
+    ("train", ("train.optim.lr=nan",), "train.optim.lr=nan: must be a finite number"),
+    ("train", ("train.optim.eps=nan",), "train.optim.eps=nan: must be a finite number"),
+    ("train", ("train.optim.beta1=nan",), "train.optim.beta1=nan: must be a finite number"),
+    ("train", ("train.optim.lr=inf",), "train.optim.lr=inf: must be a finite number"),
+    ("train", (f"paths.train={'x' * 10_000}",), "File name too long: xxx"),
+]
+
+
+@pytest.mark.parametrize(("stage", "overrides", "says"), ROUND_2_VALUES, ids=lambda v: str(v)[:40])
+def test_non_finite_values_and_impossible_paths_are_one_line(intact, stage, overrides, says):
+    assert says in error_line(zaya(intact, stage, *overrides))
+
+
+def _nan_model(root: Path) -> None:
+    import torch
+
+    from zaya_pipeline.model.saved_model import load_model, save_model
+
+    model, cfg = load_model(root / "artifacts/train/model.pt")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))
+    save_model(root / "artifacts/train/model.pt", model, cfg)
+
+
+def test_a_diverged_model_is_never_written_scored_or_registered(scratch):
+    """Row 5/7: train ending with NaN weights exits 0 and replaced model.pt; register then made it champion
+    with the previous model's metrics; evaluate rewrote metrics.json, deleted the samples, then crashed."""
+    before = snapshot(scratch)
+    proc = zaya(scratch, "train", "train.max_steps=4", "train.optim.lr=1e30")
+    assert "training diverged: validation loss nan" in error_line(proc)
+    assert snapshot(scratch) == before  # the previous model and reports stay
+
+    _nan_model(scratch)  # as an older version would have left it
+    before = snapshot(scratch)
+    assert "holds NaN or Inf weights" in error_line(zaya(scratch, "evaluate"))
+    line = error_line(zaya(scratch, "register"))
+    assert "scores other weights" in line and "run `zaya evaluate` first" in line
+    assert snapshot(scratch) == before
+
+
+def test_register_refuses_metrics_that_name_no_model_or_are_not_finite(scratch):
+    metrics_path = scratch / "reports" / "metrics.json"
+    metrics = json.loads(metrics_path.read_text())
+    metrics_path.write_text(json.dumps({k: v for k, v in metrics.items() if k != "model_sha256"}))
+    assert "names no model" in error_line(zaya(scratch, "register"))
+    metrics_path.write_text(json.dumps(metrics | {"val_loss": float("nan")}))
+    assert "val_loss=nan is not a finite number" in error_line(zaya(scratch, "register"))
+
+
+def test_a_planted_model_pt_is_one_line_that_does_not_suggest_unpickling(scratch, tmp_path):
+    import torch
+
+    marker = tmp_path / "ran"
+    torch.save(Payload(marker), scratch / "artifacts/train/model.pt")
+    line = error_line(zaya(scratch, "evaluate"))
+    assert "refused to load it" in line and "weights_only" not in line
+    assert not marker.exists()
+
+
+def test_a_pickled_pyfunc_in_the_registry_never_runs(intact, tmp_path):
+    """Row 1: a cloudpickled PythonModel with a payload, registered with alias champion: generate and export
+    refuse it in one line, before anything of it is loaded."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    marker = tmp_path / "ran"
+
+    class Evil(mlflow.pyfunc.PythonModel):
+        def __init__(self):
+            self.payload = Payload(marker)
+
+        def predict(self, context, model_input):
+            return model_input
+
+    uri = f"sqlite:///{intact}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("evil", artifact_location=(tmp_path / "evil-artifacts").as_uri())
+    mlflow.set_tracking_uri(uri)
+    try:
+        with mlflow.start_run(experiment_id=exp):
+            info = mlflow.pyfunc.log_model(name="model", python_model=Evil(), registered_model_name="evil")
+        client.set_registered_model_alias("evil", "champion", info.registered_model_version)
+    finally:
+        mlflow.set_tracking_uri(None)
+    marker.unlink(missing_ok=True)  # MLflow unpickles it once itself while logging, in this process
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for cmd in (["generate", "--model", "models:/evil@champion", "hi"],
+                ["export", "--model", "models:/evil@champion", "--out", str(tmp_path / "out")]):  # fmt: skip
+        proc = subprocess.run([ZAYA, *cmd], cwd=intact, env=env, capture_output=True, text=True, timeout=300)
+        assert "not a zaya registered model (a pickled python_model)" in error_line(proc)
+    assert not marker.exists()
+
+
+def test_two_registrations_at_once_make_one_version(scratch):
+    """Row 6: two `zaya register` 0.3 s apart on new weights made two versions with the same sha256."""
+    import torch
+    from mlflow import MlflowClient
+
+    from zaya_pipeline.model.saved_model import load_model, save_model
+    from zaya_pipeline.utils import file_sha256
+
+    model_pt = scratch / "artifacts/train/model.pt"
+    model, cfg = load_model(model_pt)
+    with torch.no_grad():
+        model.embed.weight.add_(0.01)
+    save_model(model_pt, model, cfg)
+    sha = file_sha256(model_pt)
+    metrics_path = scratch / "reports" / "metrics.json"
+    metrics_path.write_text(json.dumps(json.loads(metrics_path.read_text()) | {"model_sha256": sha}))
+    procs = []
+    for _ in range(2):
+        cmd, env = _command("register")
+        procs.append(subprocess.Popen(cmd, cwd=scratch, env=env, stderr=subprocess.PIPE, text=True))
+        time.sleep(0.3)
+    for p in procs:
+        assert p.wait(timeout=600) == 0, p.stderr.read()[-2000:]
+    client = MlflowClient(f"sqlite:///{scratch}/mlflow.db")
+    name = "zaya-moe-debug"
+    same = [v for v in client.search_model_versions(f"name='{name}'") if v.tags.get("weights_sha256") == sha]
+    assert len(same) == 1, [v.version for v in same]
+    exp = client.get_experiment_by_name("zaya_pipeline_debug").experiment_id
+    logged = client.search_logged_models([exp], filter_string=f"tags.`weights_sha256` = '{sha}'")
+    assert len(logged) == 1
+
+
+def test_export_keeps_what_it_did_not_write_and_writes_through_a_link(scratch, tmp_path):
+    """Row 9: an export folder turned into a Hub repository lost its .git; row 10: a symlinked output
+    failed after its work (`Cannot call rmtree on a symbolic link`), leaving a temporary folder."""
+    model = ["--model", "artifacts/train/model.pt"]
+    out = scratch / "export"
+    assert zaya_command(scratch, "export", *model, "--out", str(out)).returncode == 0
+    (out / ".git").mkdir()
+    (out / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    line = error_line(zaya_command(scratch, "export", *model, "--out", str(out)))
+    assert ".git" in line and "did not write" in line and (out / ".git" / "HEAD").is_file()
+
+    elsewhere = tmp_path / "other-disk" / "export"
+    elsewhere.mkdir(parents=True)
+    link = scratch / "linked-export"
+    link.symlink_to(elsewhere)
+    assert zaya_command(scratch, "export", *model, "--out", str(link)).returncode == 0
+    assert link.is_symlink() and (elsewhere / "config.json").is_file()
+    assert not list(elsewhere.parent.glob(".*tmp-*")) and not list(scratch.glob(".*tmp-*"))
+
+    tasks = scratch / "data" / "eval_tasks"  # a stage output linked to another disk
+    shutil.move(tasks, tmp_path / "other-disk" / "eval_tasks")
+    tasks.symlink_to(tmp_path / "other-disk" / "eval_tasks")
+    proc = zaya(scratch, "eval-data")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert tasks.is_symlink() and any((tmp_path / "other-disk" / "eval_tasks").glob("*.jsonl.gz"))
+
+
+def zaya_command(root: Path, command: str, *args: str) -> subprocess.CompletedProcess:
+    """``zaya <command>`` for the commands that take argv options, not a config (export, generate)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [ZAYA, command, *args], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size: str = "256k"):
+    """A tmpfs of ``size`` at ``path`` (root in a container that allows mounts), else skip."""
+    path.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()[:200]}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_a_full_disk_during_a_checkpoint_says_so_in_one_line(intact, tmp_path):
+    with small_disk(tmp_path / "full") as full:
+        proc = zaya(
+            intact, "train", "train.max_steps=4", f"paths.checkpoints={full}", "train.checkpoint_every=2"
+        )
+    assert "No space left on device: cannot write checkpoint" in error_line(proc)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "read-only"])
+def test_a_damaged_store_is_one_line_before_training(intact, damage):
+    """In the repository itself (a copy's store is checked when it is adopted, which said so already)."""
+    db = intact / "mlflow.db"
+    saved = db.read_bytes()
+    if damage == "truncated":
+        db.write_bytes(saved[:100_000])
+    elif subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not possible here")
+    try:
+        proc = zaya(intact, "train", "train.max_steps=4")
+    finally:
+        subprocess.run(["chattr", "-i", str(db)], capture_output=True)
+        db.write_bytes(saved)
+    says = "cannot read the MLflow store" if damage == "truncated" else "attempt to write a readonly database"
+    assert says in error_line(proc)

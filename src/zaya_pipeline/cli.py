@@ -10,13 +10,15 @@ Two ways to get a config:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zaya_pipeline.errors import Terminated, ZayaError
+from zaya_pipeline.errors import ConfigError, Terminated, ZayaError, environment_error
 from zaya_pipeline.utils import get_logger, set_project_env, setup_logging
 
 
@@ -137,11 +139,8 @@ def _run_hydra(stage: str, argv: list[str]) -> None:
         sys.argv = command_line
         hc = HydraConfig.get()
         if hc.mode != RunMode.MULTIRUN:
-            try:
+            with one_line_errors():  # inside: Hydra would print its own traceback for what escapes
                 _call(stage, to_schema(raw, origin=f"{conf}/config.yaml"))
-            except ZayaError as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                sys.exit(exc.exit_code)
             return None
         # A sweep job (sweep.py): its own train outputs and reports under its folder, an MLflow run named
         # after its overrides. Errors are raised, not exited on: Hydra marks the job failed and runs the next.
@@ -170,42 +169,26 @@ def _params_command(argv: list[str]) -> None:
     parser.add_argument("--out", default="params.yaml", help="file to write (default: params.yaml)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. experiment=debug")
     args = parser.parse_args(argv)
-    try:
-        log.info("wrote %s", write_params(args.out, args.overrides))
-    except ZayaError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+    log.info("wrote %s", write_params(args.out, args.overrides))
 
 
 def _generate_command(argv: list[str]) -> None:
     from zaya_pipeline.registry.generate_cli import generate
 
-    try:
-        for text in generate(argv):
-            print(text)
-    except ZayaError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+    for text in generate(argv):
+        print(text)
 
 
 def _export_command(argv: list[str]) -> None:
     from zaya_pipeline.registry.hf_export import export
 
-    try:
-        print(export(argv))
-    except ZayaError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+    print(export(argv))
 
 
 def _import_command(argv: list[str]) -> None:
     from zaya_pipeline.registry.hf_import import import_command
 
-    try:
-        result = import_command(argv)
-    except ZayaError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+    result = import_command(argv)
     print(result["model"])
     if result["tokenizer"]:
         print(result["tokenizer"])
@@ -215,18 +198,58 @@ def _kernels_command(argv: list[str]) -> None:
     import os
 
     if os.environ.get("TRITON_INTERPRET") == "1":
-        print("error: zaya kernels compiles for GPU targets; unset TRITON_INTERPRET", file=sys.stderr)
-        sys.exit(2)
+        raise ConfigError("zaya kernels compiles for GPU targets; unset TRITON_INTERPRET")
     from zaya_pipeline.kernel_report import main as report
 
     sys.exit(report(argv))
+
+
+def _stage_command(stage: str, rest: list[str]) -> None:
+    if any(a in ("-h", "--help") for a in rest):
+        print(_stage_help(stage))
+        sys.exit(0)
+    parser = argparse.ArgumentParser(prog=f"zaya {stage}", add_help=False)
+    parser.add_argument("--params")
+    known, overrides = parser.parse_known_args(rest)
+    if known.params:
+        _run_params_file(stage, known.params, overrides)
+    else:
+        _run_hydra(stage, overrides)
+
+
+# The commands that are not pipeline stages (those are STAGES): name -> function of the command's argv.
+COMMANDS: dict[str, Callable[[list[str]], None]] = {
+    "params": _params_command,
+    "generate": _generate_command,
+    "export": _export_command,
+    "import": _import_command,
+    "kernels": _kernels_command,
+}
+
+
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """The one error path of every command: a user mistake (``ZayaError``), SIGTERM (``Terminated``) or a
+    machine that refuses (a full disk, a read-only or corrupt store: ``errors.environment_error``) prints one
+    ``error: ...`` line and exits with the error's code; anything else is a bug and keeps its traceback."""
+    try:
+        yield
+    except (ZayaError, Terminated) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except Exception as exc:
+        if (known := environment_error(exc)) is None:
+            raise
+        print(f"error: {known}", file=sys.stderr)
+        sys.exit(known.exit_code)
 
 
 def main(argv: list[str] | None = None) -> None:
     """``zaya <command>``. Ctrl-C exits with status 130 (128 + SIGINT) and one line: Python's own exit by
     SIGINT is lost once torch's dynamo has registered its exit handlers (the first custom-op call does)."""
     try:
-        _main(argv)
+        with one_line_errors():
+            _main(argv)
     except KeyboardInterrupt:
         print("error: interrupted (Ctrl-C)", file=sys.stderr)
         sys.exit(130)
@@ -239,39 +262,14 @@ def _main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         sys.exit(0 if argv else 2)
-    stage, rest = argv[0], argv[1:]
-    if stage == "params":
-        _params_command(rest)
-        return
-    if stage == "generate":
-        _generate_command(rest)
-        return
-    if stage == "export":
-        _export_command(rest)
-        return
-    if stage == "import":
-        _import_command(rest)
-        return
-    if stage == "kernels":
-        _kernels_command(rest)
-        return
-    if stage not in STAGES:
-        print(f"error: unknown stage '{stage}'\n\n{_usage()}", file=sys.stderr)
+    name, rest = argv[0], argv[1:]
+    if name in COMMANDS:
+        COMMANDS[name](rest)
+    elif name in STAGES:
+        _stage_command(name, rest)
+    else:
+        print(f"error: unknown stage '{name}'\n\n{_usage()}", file=sys.stderr)
         sys.exit(2)
-    if any(a in ("-h", "--help") for a in rest):
-        print(_stage_help(stage))
-        sys.exit(0)
-    parser = argparse.ArgumentParser(prog=f"zaya {stage}", add_help=False)
-    parser.add_argument("--params")
-    known, overrides = parser.parse_known_args(rest)
-    try:
-        if known.params:
-            _run_params_file(stage, known.params, overrides)
-        else:
-            _run_hydra(stage, overrides)
-    except (ZayaError, Terminated) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
 
 
 if __name__ == "__main__":

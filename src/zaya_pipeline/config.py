@@ -498,6 +498,16 @@ class RegistryConfig:
     promote_metric: str = "bits_per_byte"  # metrics.json key (dotted for tasks: tasks.arc_easy.acc)
     promote_mode: str = "min"  # "min": lower is better; "max": higher is better
     promote_margin: float = 0.0  # a candidate becomes champion only when it beats it by more than this
+    # Caps of one request to the served version (`mlflow models serve`), recorded in its MLflow model_config;
+    # a request above one is HTTP 400. 64 prompts of 1024 new tokens are ~65k decoding steps, decoded one
+    # prompt at a time; what still runs past MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT is stopped (HTTP 504).
+    serve_max_new_tokens: int = 1024  # new tokens per prompt
+    serve_max_batch: int = 64  # prompts per request
+
+    def validate(self) -> None:
+        for key in ("serve_max_new_tokens", "serve_max_batch"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"registry.{key} must be >= 1, got {getattr(self, key)}")
 
 
 @dataclass
@@ -535,15 +545,26 @@ def to_schema(raw: Any, origin: str) -> ZayaConfig:
     return cfg  # type: ignore[return-value]
 
 
-def validate(cfg: Any) -> None:
-    """Call ``validate()`` of each config dataclass in ``cfg`` that has one (checks next to the schema)."""
+def validate(cfg: Any, prefix: str = "") -> None:
+    """Call ``validate()`` of each config dataclass in ``cfg`` that has one (checks next to the schema), and
+    refuse NaN or infinite numbers anywhere (no key means "unbounded" by ``inf``; ``lr=nan`` slips past
+    every range check, since NaN compares false)."""
+    import math
     from dataclasses import fields, is_dataclass
 
     if hasattr(cfg, "validate"):
         cfg.validate()
     for f in fields(cfg):
-        if is_dataclass(value := getattr(cfg, f.name)):
-            validate(value)
+        value = getattr(cfg, f.name)
+        if is_dataclass(value):
+            validate(value, f"{prefix}{f.name}.")
+            continue
+        items = value if isinstance(value, list | tuple) else [value]
+        for i, item in enumerate(items):
+            if is_dataclass(item):
+                validate(item, f"{prefix}{f.name}[{i}].")
+            elif isinstance(item, float) and not math.isfinite(item):
+                raise ConfigError(f"{prefix}{f.name}={value}: must be a finite number")
 
 
 def config_dir() -> Path:

@@ -1,5 +1,8 @@
 """Project error types: user mistakes raise these, with the config key, file or line in the message."""
 
+import errno
+import os
+
 
 class ZayaError(ValueError):
     """A user-facing error: the CLI prints its message and exits with ``exit_code``, without a traceback."""
@@ -36,3 +39,46 @@ class Terminated(BaseException):
     stage unwinds and its run ends KILLED. Like KeyboardInterrupt, not an Exception: nothing swallows it."""
 
     exit_code = 143
+
+
+class MachineError(ZayaError):
+    """The machine refused (a full disk, a read-only or corrupt file, a name too long): not a bug of ours and
+    not a config mistake, so one line and exit code 1 (``environment_error``)."""
+
+    exit_code = 1
+
+
+# OSErrors that describe the machine or a path the user gave, not a bug: one line is all they need.
+_MACHINE_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "ENAMETOOLONG", "EIO", "EMFILE", "ENFILE")
+    if hasattr(errno, name)
+)
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _short(path, limit: int = 160) -> str:
+    text = str(path)
+    return text if len(text) <= limit else f"{text[: limit // 2]}…{text[-limit // 2 :]} ({len(text)} chars)"
+
+
+def environment_error(exc: BaseException) -> MachineError | None:
+    """``exc`` (or what it wraps) as one line when the machine refused: an OSError such as a full disk or a
+    read-only file, with the file it names, or a SQLite store that cannot be read or written; else None."""
+    import sqlite3
+
+    for e in _chain(exc):
+        if isinstance(e, OSError) and e.errno in _MACHINE_ERRNOS:
+            where = f": {_short(e.filename)}" if e.filename else ""
+            hint = " (free some space; the previous outputs are kept)" if e.errno == errno.ENOSPC else ""
+            return MachineError(f"{e.strerror or os.strerror(e.errno)}{where}{hint}")
+        if isinstance(e, sqlite3.Error):
+            return MachineError(f"the MLflow store (SQLite) failed: {first_line(e)}")
+    return None

@@ -117,7 +117,7 @@ def adopt_store(root: Path) -> None:
                     for prefix, new in ((old.as_uri(), root.as_uri()), (str(old), str(root))):
                         _replace_prefix(con, prefix + "/", new + "/")
     except sqlite3.Error as exc:
-        raise TrackingError(f"cannot adopt the copied MLflow store {db}: {first_line(exc)}") from None
+        raise TrackingError(f"cannot read the MLflow store {db}: {first_line(exc)}") from None
 
 
 def _local_path(location: str | None) -> Path | None:
@@ -203,6 +203,8 @@ def setup_mlflow(cfg: RegistryConfig) -> str:
     import mlflow
 
     uri = tracking_uri(cfg)
+    if _sqlite_file(uri) is not None:  # read-only or corrupt: one line, not MLflow's logged traceback
+        check_store_writable(uri)
     mlflow.set_tracking_uri(uri)
     exp = mlflow.get_experiment_by_name(cfg.experiment_name)
     if exp is not None:
@@ -258,12 +260,20 @@ def check_store(uri: str, timeout_s: float = 5.0) -> None:
     (:func:`check_server`) or an SQLite file that does not exist (MLflow would create an empty one, which
     cannot hold the run we look for)."""
     check_server(uri, timeout_s)
-    if urlparse(uri).scheme == "sqlite":
-        db = uri.removeprefix("sqlite:///")
-        if db.startswith("file:"):  # an SQLite URI filename, e.g. file:/path/mlflow.db?mode=ro&uri=true
-            db = db.removeprefix("file:").split("?", 1)[0]
-        if db not in ("", ":memory:") and not Path(db).is_file():
+    if urlparse(uri).scheme == "sqlite" and _sqlite_file(uri) is None:
+        db = uri.removeprefix("sqlite:///").removeprefix("file:").split("?", 1)[0]
+        if db not in ("", ":memory:"):
             raise TrackingError(f"MLflow tracking store {uri}: database file {db} does not exist")
+
+
+def _sqlite_file(uri: str) -> Path | None:
+    """The existing database file of an SQLite store URI, else None (another store, or not created yet)."""
+    if urlparse(uri).scheme != "sqlite":
+        return None
+    db = uri.removeprefix("sqlite:///")
+    if db.startswith("file:"):  # an SQLite URI filename, e.g. file:/path/mlflow.db?mode=ro&uri=true
+        db = db.removeprefix("file:").split("?", 1)[0]
+    return Path(db) if db not in ("", ":memory:") and Path(db).is_file() else None
 
 
 def check_store_writable(uri: str) -> None:

@@ -83,9 +83,12 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
 
     A crash or an error leaves the previous complete output (or nothing) at ``path``, never a partial one.
     The temporary name holds the pid: one left by a process that was killed (SIGKILL cleans up nothing) is
-    removed by the next run.
+    removed by the next run. An output that is a symlink (a folder kept on another disk) is written through:
+    the new folder is built beside the link's target and replaces it; the link stays.
     """
     path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.tmp-*-*"):
         pid = stale.name.removeprefix(f".{path.name}.tmp-").split("-", 1)[0]
@@ -95,12 +98,32 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     tmp.chmod(0o777 & ~_umask())  # mkdtemp makes 0700; the output should get the usual permissions
     try:
         yield tmp
+        if path.exists():
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        tmp.rename(path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if path.exists():
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    tmp.rename(path)
+
+
+@contextlib.contextmanager
+def staged_files(root: str | Path, last: tuple[str, ...] = ()) -> Iterator[Path]:
+    """Write a stage's report files into a staging folder and move them into ``root`` together, only when
+    the block succeeds: a run that fails half-way leaves every previous file as it was, not some new and
+    some old. Files keep their paths relative to the staging folder; those named in ``last`` (e.g. the DVC
+    metrics file that later stages check) move after the others. Each move is one rename."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".staged-{os.getpid()}-", dir=root))
+    try:
+        yield stage
+        files = sorted((p for p in stage.rglob("*") if p.is_file()), key=lambda p: (p.name in last, str(p)))
+        for path in files:
+            target = root / path.relative_to(stage)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def write_json(path: str | Path, data: Any) -> Path:
@@ -130,7 +153,7 @@ def remove_outputs(*paths: str | Path) -> None:
     """Delete a stage's stale outputs once its new results are ready, just before it writes them: a run that
     fails earlier (a bad value, a missing input, a crash) leaves the previous outputs as they were."""
     for p in map(Path, paths):
-        if p.is_dir():
+        if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         elif p.exists():
             p.unlink()

@@ -6,6 +6,7 @@ import base64
 import gzip
 import io
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -321,3 +322,181 @@ def test_a_50_mb_document_passes_without_a_cap(tmp_path):
     records = read_raw(tmp_path / "raw")
     assert len(records["huge"]["text"]) >= 50_000_000 and records["small"]["text"] == PROSE
     assert seconds < 60, f"{seconds:.1f} s"
+
+
+# -- hostile input: symlinks out of the corpus, records Python cannot take, lines without end ---------------
+
+
+def test_symlinks_out_of_the_corpus_are_counted_and_never_read(tmp_path):
+    """A corpus reads only itself: a symlinked file or folder that resolves outside the input's root (the
+    folder, or a glob's fixed leading folders) is rejected as outside_corpus, unread; one that stays inside
+    is read once, like its target."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "passwd.txt").write_text(PROSE + "SECRET text")
+    (secret / "leak.jsonl").write_text(json.dumps({"id": "s", "text": PROSE + "SECRET line"}) + "\n")
+    corp = tmp_path / "corp"
+    (corp / "sub").mkdir(parents=True)
+    (corp / "a.jsonl").write_text(json.dumps(GOOD) + "\n")
+    (corp / "sub" / "inner.txt").write_text(PROSE + "inner")
+    (corp / "leak.txt").symlink_to(secret / "passwd.txt")
+    (corp / "sub" / "up.jsonl").symlink_to("../../secret/leak.jsonl")
+    (corp / "alias.txt").symlink_to("sub/inner.txt")  # stays inside
+    (corp / "outdir").symlink_to(secret, target_is_directory=True)  # a folder out: not followed
+    (corp / "loop").symlink_to(".")  # a folder inside: not entered (glob's ** used to, round and round)
+    (corp / "gone.jsonl").symlink_to("nowhere.jsonl")  # broken, inside: not a file (a glob used to crash)
+    for spec in (str(corp), f"{corp}/**/*"):
+        prepare(cfg_for(tmp_path, f"data.corpus.input_dir={spec}", f"data.corpus.dvc_dep={corp}"))
+        texts = sorted(r["text"] for r in read_raw(tmp_path / "raw").values())
+        assert texts == sorted([GOOD["text"], PROSE + "inner"]), spec
+        report = json.loads((tmp_path / "reports" / "prepare.json").read_text())
+        assert report["rejected"] == {"outside_corpus": 3}, spec
+        rejects = rejects_of(tmp_path)
+        assert sorted(r["file"] for r in rejects) == ["leak.txt", "outdir", "sub/up.jsonl"], spec
+        assert all(r["line"] is None and "raw" not in r and "raw_base64" not in r for r in rejects)
+        by_file = {r["file"]: r["message"] for r in rejects}
+        message = by_file["leak.txt"]
+        assert str((secret / "passwd.txt").resolve()) in message and str(corp.resolve()) in message
+        assert "SECRET" not in json.dumps(report)
+
+
+def test_records_python_cannot_parse_or_write_are_rejected_not_fatal(tmp_path):
+    """JSON nested 100,000 deep (RecursionError), a 5,000-digit number (ValueError), a lone surrogate in an
+    id or another field (UnicodeEncodeError when written) each spoil only their own line."""
+    root = tmp_path / "in"
+    root.mkdir()
+    deep = '{"id": "d", "text": "x", "a": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    lines = [
+        json.dumps(GOOD),
+        deep,
+        '{"id": "n", "text": "t", "n": ' + "1" * 5000 + "}",
+        json.dumps({"id": "m", "text": PROSE, "note": "half \ud800 pair"}),
+        json.dumps({"id": "\udc80", "text": PROSE}),
+        json.dumps({"id": "g2", "text": PROSE + "g2"}),
+    ]
+    (root / "a.jsonl").write_text("\n".join(lines) + "\n")
+    summary = prepare(cfg_for(tmp_path, f"data.corpus.input_dir={root}"))
+    assert sorted(read_raw(tmp_path / "raw")) == ["g1", "g2"] and summary["rejected"] == 4
+    report = json.loads((tmp_path / "reports" / "prepare.json").read_text())
+    where = {e["line"]: (e["reason"], e["message"]) for e in report["rejected_examples"]}
+    assert {k: v[0] for k, v in where.items()} == {
+        2: "too_deep",
+        3: "malformed_json",
+        4: "invalid_utf8",
+        5: "invalid_utf8",
+    }
+    assert all(m.startswith(f"{root / 'a.jsonl'}:{k}: ") for k, (_, m) in where.items())
+    assert "\n" not in "".join(m for _, m in where.values())
+    by_line = {r["line"]: r for r in rejects_of(tmp_path)}
+    assert by_line[2]["raw"] == deep + "\n", "the raw line is kept"
+
+
+def bad_utf8_strings(values: list[bytes]) -> pa.Array:
+    """A Parquet string column whose bytes need not be UTF-8: pyarrow's view does not check them."""
+    return pa.array(values, type=pa.binary()).view(pa.string())
+
+
+def test_parquet_values_python_cannot_hold_cost_only_their_row(tmp_path):
+    """A string cell that is not UTF-8 (UnicodeDecodeError) or a date past 9999 (OverflowError) used to stop
+    prepare; now each rejects its row, with file:row, the column and (for strings) the cell's bytes."""
+    root = tmp_path / "in"
+    root.mkdir()
+    good = PROSE.encode()
+    table = pa.table(
+        {
+            "id": ["r1", "r2", "r3", "r4", "r5"],
+            "text": bad_utf8_strings([good, b"caf\xe9 " + good, good, good, good]),
+            "title": bad_utf8_strings([b"one", b"two", b"\xff three", b"four", b"five"]),
+            "day": pa.array([0, 0, 0, 2**31 - 1, 0], type=pa.date32()),  # day 2**31 - 1: after the year 9999
+        }
+    )
+    pq.write_table(table, root / "t.parquet")
+    prepare(cfg_for(tmp_path, f"data.corpus.input_dir={root}"))
+    records = read_raw(tmp_path / "raw")
+    assert sorted(records) == ["r1", "r5"] and records["r5"]["metadata"]["title"] == "five"
+    rejects = {r["line"]: r for r in rejects_of(tmp_path)}
+    assert {k: r["reason"] for k, r in rejects.items()} == {
+        2: "invalid_utf8",
+        3: "invalid_utf8",
+        4: "bad_value",
+    }
+    assert rejects[2]["message"].startswith(f"{root / 't.parquet'}:2: column 'text': invalid UTF-8")
+    assert base64.b64decode(rejects[3]["raw_base64"]) == b"\xff three"
+    assert rejects[4]["message"].startswith(f"{root / 't.parquet'}:4: column 'day': not a Python value")
+
+
+def test_a_damaged_parquet_row_group_costs_only_its_rows(tmp_path):
+    root = tmp_path / "in"
+    root.mkdir()
+    path = root / "groups.parquet"
+    rows = {"id": [f"r{i}" for i in range(9)], "text": [f"{PROSE} {i}" for i in range(9)]}
+    pq.write_table(pa.table(rows), path, row_group_size=3, compression="none")
+    column = pq.ParquetFile(path).metadata.row_group(1).column(1)  # rows 4..6, the text column
+    data = bytearray(path.read_bytes())
+    start = column.dictionary_page_offset if column.has_dictionary_page else column.data_page_offset
+    data[start : start + column.total_compressed_size] = b"\xff" * column.total_compressed_size
+    path.write_bytes(bytes(data))
+    prepare(cfg_for(tmp_path, f"data.corpus.input_dir={root}"))
+    assert sorted(read_raw(tmp_path / "raw")) == ["r0", "r1", "r2", "r6", "r7", "r8"]
+    (reject,) = rejects_of(tmp_path)
+    assert reject["reason"] == "unreadable_file" and reject["line"] == 4
+    assert reject["message"].startswith(f"{path}:4: rows 4-6 (row group 2 of 3) cannot be read")
+
+
+BOUNDED_RUN = """
+import json, resource, sys, tracemalloc
+from zaya_pipeline.config import load_config
+from zaya_pipeline.data.prepare import prepare
+
+tmp = sys.argv[1]
+cfg = load_config([f"paths.raw={tmp}/raw", f"paths.reports={tmp}/reports", "data.corpus.source=folder",
+                   f"data.corpus.input_dir={tmp}/in", "data.corpus.max_doc_chars=1000000"])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+tracemalloc.start()
+prepare(cfg)
+peak = tracemalloc.get_traced_memory()[1]
+grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(json.dumps({"peak_mb": peak / 2**20, "grew_mb": grew / 1024}))
+"""
+
+
+def write_big(path: Path, mb: int = 200) -> None:
+    """A file (gzip'd by suffix) of one line of ``mb`` MB between a good line and another: a text of "a"s,
+    or NUL bytes for ``*.bin.jsonl``."""
+    block = (b"\0" if path.name.endswith(".bin.jsonl") else b"a") * (1 << 20)
+    is_jsonl = path.name.endswith(".jsonl.gz")
+    with gzip.open(path, "wb", compresslevel=1) if path.suffix == ".gz" else open(path, "wb") as out:
+        out.write(json.dumps(GOOD).encode() + b'\n{"id": "big", "text": "' if is_jsonl else b"")
+        for _ in range(mb):
+            out.write(block)
+        out.write(b'"}\n' + json.dumps({"id": "after", "text": PROSE}).encode() + b"\n" if is_jsonl else b"")
+
+
+@pytest.mark.parametrize(
+    ("name", "reason", "line", "docs"),
+    [
+        ("big.jsonl.gz", "too_long", 2, 3),  # + small.txt
+        ("big.txt", "too_long", None, 1),
+        ("big.bin.jsonl", "binary_file", None, 1),  # hashed for the rejects file, not read whole
+    ],
+)
+def test_an_endless_record_is_cut_while_it_is_read(tmp_path, name, reason, line, docs):
+    """A record is stopped at data.corpus.max_doc_chars while it is decompressed and read: a 200 MB line
+    (or text file) costs a few MB, not its size several times over; the next line is still read. Measured
+    in a fresh process: the peak of Python's allocations (tracemalloc) and the growth of its peak RSS."""
+    root = tmp_path / "in"
+    root.mkdir()
+    write_big(root / name)
+    (root / "small.txt").write_text(PROSE)
+    run = subprocess.run(
+        [sys.executable, "-c", BOUNDED_RUN, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    memory = json.loads(run.stdout.strip().splitlines()[-1])
+    assert memory["peak_mb"] < 64 and memory["grew_mb"] < 100, f"200 MB read whole: {memory}"
+    report = json.loads((tmp_path / "reports" / "prepare.json").read_text())
+    assert report["rejected"] == {reason: 1} and report["docs"] == docs
+    (reject,) = rejects_of(tmp_path)
+    assert reject["file"] == name and reject["line"] == line and "sha256" in reject["message"]
+    assert "raw" not in reject and "raw_base64" not in reject
+    assert reason != "too_long" or "data.corpus.max_doc_chars=1000000" in reject["message"]

@@ -218,9 +218,10 @@ def test_an_earlier_export_is_replaced_whole(tmp_path, tokenizer_dir):
     model_pt = variant_model("gqa-linear", vocab, tmp_path / "model.pt")
     args = ["--model", str(model_pt), "--tokenizer", str(tokenizer_dir), "--out", str(tmp_path / "hf")]
     export(args)
-    (tmp_path / "hf" / "stale.txt").write_text("from before")
+    stale = tmp_path / "hf" / "model-00001-of-00002.safetensors"  # a shard of an earlier, bigger export
+    stale.write_bytes(b"from before")
     export(args)
-    assert not (tmp_path / "hf" / "stale.txt").exists()
+    assert not stale.exists()
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_zaya.ZayaForCausalLM"
     assert dataclasses.asdict(load_model(model_pt)[1]) == config["zaya"]

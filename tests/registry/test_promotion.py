@@ -50,15 +50,14 @@ def copy_of(workspace, tmp_path):
         root = tmp_path / f"{name}-{bits_per_byte}-{perturb}"
         shutil.copytree(workspace["root"] / "train", root / "train")
         (root / "reports").mkdir(parents=True)
-        metrics = json.loads((workspace["root"] / "reports" / "metrics.json").read_text())
-        (root / "reports" / "metrics.json").write_text(
-            json.dumps({**metrics, "bits_per_byte": bits_per_byte})
-        )
         if perturb:
             model, mcfg = load_model(root / "train" / "model.pt")
             with torch.no_grad():
                 model.embed.weight.add_(perturb)
             save_model(root / "train" / "model.pt", model, mcfg)
+        metrics = json.loads((workspace["root"] / "reports" / "metrics.json").read_text())
+        scored = {"bits_per_byte": bits_per_byte, "model_sha256": file_sha256(root / "train" / "model.pt")}
+        (root / "reports" / "metrics.json").write_text(json.dumps(metrics | scored))
         cfg = copy.deepcopy(workspace["cfg"])
         cfg.paths.train, cfg.paths.reports = str(root / "train"), str(root / "reports")
         cfg.registry.model_name = name

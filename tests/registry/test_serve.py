@@ -2,7 +2,9 @@
 
 The served text must be what the same registered version generates when loaded in this process with
 ``mlflow.pyfunc.load_model``; bad requests are HTTP 400 with a message, and the server keeps serving after
-them; stopping it ends its whole process group and frees the port.
+them; serving is bounded: requests above the registered caps are HTTP 400, decoding stops when a request
+times out (HTTP 504, the server goes back to idle) and SIGTERM stops the server promptly, even mid-request,
+ending its whole process group and freeing the port.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import copy
 import json
 import os
 import shutil
+import signal
 import socket
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,15 +24,25 @@ from pathlib import Path
 
 import mlflow
 import pandas as pd
+import psutil
 import pytest
 
 from support.mlflow_ui import free_port, serving
+from zaya_pipeline.config import RegistryConfig
 from zaya_pipeline.registry.register import register
 from zaya_pipeline.tracking import using_tracking_uri
 
 MODEL_NAME = "zaya-serve"
 READY_DEADLINE_S = 120  # model load takes ~7 s on 2 idle cores; leave room for a busy machine
 PROMPTS = ["The database", "the café serves"]  # a non-ASCII prompt: the text must survive the JSON round-trip
+REQUEST_TIMEOUT_S = 8  # MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT of the server: the other requests take < 1 s
+CAPS = RegistryConfig()  # the registered caps: the defaults
+# At the caps: ~65k decoding steps, a minute or more on 2 cores (the test model never emits EOS), far past
+# the request timeout.
+LONG = {"inputs": [f"prompt {i}" for i in range(CAPS.serve_max_batch)],
+        "params": {"max_new_tokens": CAPS.serve_max_new_tokens}}  # fmt: skip
+IDLE_CPU = 0.15  # share of one core: the idle server uses ~0
+STOP_S = 10  # SIGTERM to every process gone: ~1.5 s on 2 cores
 
 
 def post(url: str, body, content_type: str = "application/json") -> tuple[int, str]:
@@ -55,12 +69,33 @@ def served(workspace, tmp_path_factory):
     port = free_port()
     venv_bin = Path(sys.executable).parent  # MLflow execs `uvicorn` by name: the venv's bin must be on PATH
     path = f"{venv_bin}{os.pathsep}{os.environ['PATH']}"
-    env = os.environ | {"MLFLOW_TRACKING_URI": workspace["uri"], "PATH": path}
+    timeout = {"MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT": str(REQUEST_TIMEOUT_S)}
+    env = os.environ | {"MLFLOW_TRACKING_URI": workspace["uri"], "PATH": path} | timeout
     cmd = [str(venv_bin / "mlflow"), "models", "serve", "-m", model_uri, "--env-manager", "local"]
     cmd += ["-h", "127.0.0.1", "-p", str(port)]
     with serving(cmd, port, "/ping", root / "server.log", READY_DEADLINE_S, env=env, cwd=root) as server:
         yield {"url": server.url, "model_uri": model_uri, "uri": workspace["uri"], "proc": server.proc,
                "port": port, "stop": server.stop, "log": server.log}  # fmt: skip
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) used so far by process ``pid`` and its live descendants."""
+    total = 0.0
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def cpu_share(pid: int, seconds: float) -> float:
+    """Cores used by the process tree of ``pid`` over the next ``seconds``."""
+    before = cpu_seconds(pid)
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - before) / seconds
 
 
 @pytest.fixture(scope="module")
@@ -114,17 +149,66 @@ def test_bad_requests_are_400_with_a_message_and_the_server_keeps_serving(served
     assert json.loads(body)["predictions"] == in_process.predict(PROMPTS[:1], params={"max_new_tokens": 3})
 
 
-def test_stopping_the_server_ends_its_process_group_and_frees_the_port(served):
-    served["stop"]()
-    assert served["proc"].returncode is not None
-    deadline = time.monotonic() + 30
-    while True:  # uvicorn is a child of the mlflow CLI process: the whole group must go
+def test_requests_above_the_caps_are_400_naming_the_cap_and_the_server_keeps_serving(served, in_process):
+    recorded = {"serve_max_new_tokens": CAPS.serve_max_new_tokens, "serve_max_batch": CAPS.serve_max_batch}
+    assert in_process.model_config == recorded
+    invocations = f"{served['url']}/invocations"
+    too_long = {"inputs": ["a"], "params": {"max_new_tokens": CAPS.serve_max_new_tokens + 1}}
+    too_many = {"inputs": ["a"] * (CAPS.serve_max_batch + 1), "params": {"max_new_tokens": 1}}
+    over = [(too_long, "serve_max_new_tokens"), (too_many, "serve_max_batch")]
+    for payload, key in over:
+        status, body = post(invocations, payload)
+        assert status == 400, (key, status, body[:500])
+        error = json.loads(body)
+        assert f"registry.{key}" in error["message"] + error.get("stack_trace", ""), (key, body[:2000])
+
+    at_caps = {"inputs": ["a"] * CAPS.serve_max_batch, "params": {"max_new_tokens": 1}}
+    status, body = post(invocations, at_caps)
+    assert status == 200 and len(json.loads(body)["predictions"]) == CAPS.serve_max_batch, body[:500]
+
+
+def test_a_request_past_the_timeout_is_504_and_its_decoding_stops(served):
+    start = time.monotonic()
+    status, body = post(f"{served['url']}/invocations", LONG)
+    took = time.monotonic() - start
+    assert status == 504, body[:500]
+    assert took < REQUEST_TIMEOUT_S + 5, took
+    time.sleep(1)
+    busy = cpu_share(served["proc"].pid, 3)
+    assert busy < IDLE_CPU, f"the server still uses {busy:.0%} of a core after the request timed out"
+    assert "MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT" in body, body[:500]  # the model's message, not MLflow's
+
+
+def test_sigterm_mid_request_ends_the_process_group_promptly_and_frees_the_port(served):
+    response: dict = {}
+
+    def request():
         try:
-            os.killpg(served["proc"].pid, 0)
+            response["result"] = post(f"{served['url']}/invocations", LONG)
+        except OSError as exc:
+            response["result"] = exc
+
+    client = threading.Thread(target=request, daemon=True)
+    client.start()
+    time.sleep(2)
+    assert client.is_alive(), response  # the request is being decoded
+    pgid = served["proc"].pid
+    start = time.monotonic()
+    os.killpg(pgid, signal.SIGTERM)
+    while True:  # uvicorn is a child of the mlflow CLI process: the whole group must go
+        served["proc"].poll()  # reap the CLI process: a zombie still counts as a member of its group
+        try:
+            os.killpg(pgid, 0)
         except ProcessLookupError:
             break
-        if time.monotonic() > deadline:
-            pytest.fail(f"the server outlived SIGTERM:\n{served['log'].read_text()[-3000:]}")
-        time.sleep(0.2)
+        if time.monotonic() - start > STOP_S:
+            os.killpg(pgid, signal.SIGKILL)
+            pytest.fail(f"the server outlived SIGTERM by {STOP_S} s:\n{served['log'].read_text()[-3000:]}")
+        time.sleep(0.1)
+    served["stop"]()
+    assert served["proc"].returncode is not None
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", served["port"]), timeout=5).close()
+    client.join(timeout=10)
+    status, body = response["result"]
+    assert status == 503 and "stopping" in body, (status, body[:500])

@@ -201,11 +201,13 @@ def file_accounting(summary: dict, raw: Path, curated: Path, removed: Path) -> d
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
+    """Move ``src`` to ``dst``; an output that is a symlink (to another disk) is written through."""
     src.mkdir(parents=True, exist_ok=True)  # a step that dropped nothing never created its folder
+    dst = dst.resolve() if dst.is_symlink() else dst
     if dst.exists():
         shutil.rmtree(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    src.rename(dst)
+    shutil.move(src, dst)  # a rename on one disk, a copy to another
 
 
 def finish(cfg: ZayaConfig, passes: list[PassInfo]) -> dict:

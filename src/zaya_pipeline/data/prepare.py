@@ -103,6 +103,10 @@ def _prepare_folder(cfg: ZayaConfig, out: Path) -> tuple[list[dict], dict]:
     sources = []
     try:
         for f in files:
+            if f.kind == folder.OUTSIDE:  # never opened, not even hashed
+                reader.reject_outside(f)
+                log.info("%s: a symlink out of the corpus, not read", f.rel)
+                continue
             file = f"{f.name}.jsonl.gz"
             before = ledger.rejected.total()
             docs, chars = write_jsonl_gz(out / file, reader.documents(f))

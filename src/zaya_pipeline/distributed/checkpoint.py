@@ -47,7 +47,7 @@ from zaya_pipeline.distributed.safe_load import (
     load_state,
     read_dcp_metadata,
 )
-from zaya_pipeline.errors import ConfigError
+from zaya_pipeline.errors import ConfigError, MachineError, environment_error
 from zaya_pipeline.utils import get_logger
 
 log = get_logger("train")
@@ -251,6 +251,7 @@ def save_checkpoint(
 ) -> Path:
     """Write checkpoint ``path`` (a ``step<N>`` directory) atomically; a collective. Returns ``path``."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     path = Path(path)
     partial = path.with_name(f".{path.name}.partial")
@@ -263,7 +264,12 @@ def save_checkpoint(
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.distributed is (not|dis)abled.*")
         warnings.filterwarnings("ignore", message=".*process group is not initialized.*")
-        dcp.save(flat, checkpoint_id=str(partial), no_dist=not dist.is_initialized())
+        try:
+            dcp.save(flat, checkpoint_id=str(partial), no_dist=not dist.is_initialized())
+        except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
+            if (known := _save_error(exc, path)) is None:
+                raise
+            raise known from None
     rng = _rng_states()
     if _rank() == 0:
         meta = {
@@ -278,6 +284,23 @@ def save_checkpoint(
         partial.rename(path)
     _barrier()
     return path
+
+
+def _save_error(exc: BaseException, path: Path) -> MachineError | None:
+    """A failed save as one line when the disk is full: DCP wraps torch's writer, whose error on a full disk
+    is ``unexpected pos 704 vs 598`` with no errno, so the free space left decides (under 1 MiB: full)."""
+    if (known := environment_error(exc)) is not None:
+        return known
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        return None
+    if free >= 1 << 20:
+        return None
+    return MachineError(
+        f"No space left on device: cannot write checkpoint {path} ({free:,} bytes free in {path.parent}); "
+        "free some space or set paths.checkpoints elsewhere"
+    )
 
 
 def _unsafe_cause(exc: BaseException) -> str | None:

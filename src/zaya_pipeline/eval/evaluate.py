@@ -2,7 +2,7 @@
 
 Writes the DVC metrics file ``<reports>/metrics.json``::
 
-    {val_loss, perplexity, bits_per_byte, tokens, bytes, windows, seq_len,
+    {val_loss, perplexity, bits_per_byte, tokens, bytes, windows, seq_len, model_sha256,
      unigram_val_nats_per_token, unigram_val_bits_per_byte,
      tasks: {<task>: {n, acc, acc_norm, acc_per_byte (each with _stderr), chance}}, tasks_above_chance}
 
@@ -10,11 +10,14 @@ Writes the DVC metrics file ``<reports>/metrics.json``::
 multiple-choice tasks of ``eval.tasks``, the first ``eval.task_limit`` documents of each, and
 ``tasks_above_chance`` counts those whose accuracy exceeds chance by more than its standard error) and logs
 the same numbers, prefixed ``eval/`` (``eval/tasks/<task>/acc``, ...), to the training run named in
-``<train>/run.json``.
+``<train>/run.json``. ``model_sha256`` binds the figures to the exact weights scored: ``register`` refuses
+metrics of other weights. The reports (metrics, samples, task plots) are staged and moved in together at the
+end; weights holding NaN or Inf are refused before anything is written.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -25,7 +28,7 @@ from zaya_pipeline.errors import ConfigError, DataError
 from zaya_pipeline.eval.metrics import EvalResult, evaluate_lm
 from zaya_pipeline.eval.token_bytes import load_byte_lengths
 from zaya_pipeline.tracking import TrackingError, get_run, read_run_info
-from zaya_pipeline.utils import get_logger, remove_outputs, write_json
+from zaya_pipeline.utils import file_sha256, get_logger, staged_files, write_json
 
 log = get_logger("eval")
 
@@ -144,13 +147,13 @@ def evaluate(cfg: ZayaConfig) -> dict:
     from zaya_pipeline.model.saved_model import load_model
 
     out = Path(cfg.paths.reports) / METRICS_FILE
-    plots = Path(cfg.paths.reports) / "plots"
     train_dir, tokens_dir = Path(cfg.paths.train), Path(cfg.paths.tokens)
     run_info = read_run_info(train_dir)
     # Open the run first: an unreachable store should fail before minutes of scoring, not after.
     client, _ = get_run(run_info["tracking_uri"], run_info["run_id"])
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    weights_sha256 = file_sha256(train_dir / "model.pt") if (train_dir / "model.pt").is_file() else None
     model, model_cfg = load_model(train_dir / "model.pt", map_location=device)
     seq_len = _check_config(cfg, model_cfg.max_seq_len)
     token_meta = read_token_meta(tokens_dir)
@@ -180,17 +183,21 @@ def evaluate(cfg: ZayaConfig) -> dict:
         raise DataError(
             f"the scored tokens of {tokens_dir}/val stand for no text bytes (only special tokens?)"
         )
-    metrics = metrics_dict(result, seq_len, token_meta)
+    if not math.isfinite(result.loss):
+        raise DataError(f"the held-out loss of {train_dir}/model.pt is {result.loss}: nothing written")
+    metrics = metrics_dict(result, seq_len, token_meta) | {"model_sha256": weights_sha256}
     tokenizer = Tokenizer.from_file(str(Path(cfg.paths.tokenizer) / "tokenizer.json"))  # tasks and samples
     if cfg.eval.tasks:
         tasks = score_tasks(cfg, model, tokenizer, token_meta, device)
         metrics["tasks"] = tasks
         metrics["tasks_above_chance"] = sum(m["acc"] - m["chance"] > m["acc_stderr"] for m in tasks.values())
     log_eval_metrics(client, run_info, metrics)
-    remove_outputs(out, Path(cfg.paths.reports) / SAMPLES_FILE, plots / "tasks.csv", plots / "tasks.png")
-    write_json(out, metrics)
-    extras = [write_samples(cfg, model, tokenizer, token_meta, Path(cfg.paths.reports) / SAMPLES_FILE)]
-    extras += write_task_plots(metrics.get("tasks", {}), Path(cfg.paths.reports) / "plots")
+    reports = Path(cfg.paths.reports)
+    with staged_files(reports, last=(METRICS_FILE,)) as stage:  # all new reports, or all the old ones
+        extras = [write_samples(cfg, model, tokenizer, token_meta, stage / SAMPLES_FILE)]
+        extras += write_task_plots(metrics.get("tasks", {}), stage / "plots")
+        write_json(stage / METRICS_FILE, metrics)
+        extras = [reports / p.relative_to(stage) for p in extras]
     for path in extras:
         client.log_artifact(run_info["run_id"], str(path), artifact_path="eval")
     log.info("wrote %s in %.1fs; logged to run %s", out, seconds, run_info["run_id"])

@@ -7,6 +7,8 @@ Shape legend:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from zaya_pipeline.model.transformer import ZayaLM
@@ -36,6 +38,7 @@ def generate(
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
+    check_stop: Callable[[], None] | None = None,
 ) -> torch.LongTensor:
     """The prompt followed by up to ``max_new_tokens`` new tokens, shape (B, T + n).
 
@@ -43,6 +46,7 @@ def generate(
     afterwards; decoding stops early once every row has. Contexts longer than ``model.cfg.max_seq_len``
     keep only their last ``max_seq_len`` tokens: once the cache is full, each step re-prefills that window
     (positions restart at 0). ``use_cache=False`` re-runs the whole context every step (the reference).
+    ``check_stop`` is called before every step and raises to abandon decoding (a served request's deadline).
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -53,6 +57,8 @@ def generate(
     max_len = model.cfg.max_seq_len
     cache = None
     for _ in range(max_new_tokens):
+        if check_stop is not None:
+            check_stop()
         if not use_cache:
             logits_BV = model(ids_BT[:, -max_len:]).logits[:, -1]
         elif cache is None or cache.length >= max_len:
@@ -91,9 +97,11 @@ def continue_prompts(
     seed: int = 0,
     device: str | torch.device | None = None,
     bos_id: int | None = None,
+    check_stop: Callable[[], None] | None = None,
 ) -> list[str]:
     """The decoded continuation of each prompt (after ``document_start``, as every training document;
-    cut at the first EOS). ``tokenizer`` is a ``tokenizers.Tokenizer``; prompts are decoded one by one."""
+    cut at the first EOS). ``tokenizer`` is a ``tokenizers.Tokenizer``; prompts are decoded one by one;
+    ``check_stop`` as in :func:`generate`."""
     if device is None:
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
@@ -102,7 +110,9 @@ def continue_prompts(
     for prompt in prompts:
         ids = [*document_start(eos_id, bos_id), *tokenizer.encode(prompt, add_special_tokens=False).ids]
         ids_BT = torch.tensor([ids], dtype=torch.long, device=device)
-        full_BT = generate(model, ids_BT, max_new_tokens, temperature, top_p, eos_id, generator)
+        full_BT = generate(
+            model, ids_BT, max_new_tokens, temperature, top_p, eos_id, generator, check_stop=check_stop
+        )
         new = full_BT[0, len(ids) :].tolist()
         new = new[: new.index(eos_id)] if eos_id in new else new
         out.append(tokenizer.decode(new, skip_special_tokens=True))

@@ -12,6 +12,7 @@ line, since its weights mean something else now.
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
@@ -96,13 +97,29 @@ def read_model_file(path: str | Path, weights: bool = True) -> tuple[ModelConfig
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=not weights)
         cfg = model_config_from_dict(ckpt["model_config"], str(path))
         return cfg, ckpt["state_dict"] if weights else None
+    except pickle.UnpicklingError:  # torch's message would suggest weights_only=False: never do that here
+        raise DataError(
+            f"{path} holds pickled objects that are not a config and tensors: refused to load it "
+            "(it would run code); it is not a model.pt this pipeline wrote"
+        ) from None
     except (KeyError, TypeError, RuntimeError, EOFError) as exc:
         raise DataError(f"{path} is not a zaya model checkpoint: {first_line(exc)}") from None
 
 
+def non_finite(state: dict) -> list[str]:
+    """The names of the floating-point tensors of ``state`` that hold a NaN or an infinity."""
+    return [k for k, v in state.items() if torch.is_floating_point(v) and not bool(torch.isfinite(v).all())]
+
+
 def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[ZayaLM, ModelConfig]:
-    """The saved model in eval mode on ``map_location``, and its config."""
+    """The saved model in eval mode on ``map_location``, and its config. Weights holding NaN or Inf (a
+    diverged run saved by an older version) are refused with one line: nothing downstream can use them."""
     cfg, state = read_model_file(path)
+    if bad := non_finite(state):
+        raise DataError(
+            f"{path} holds NaN or Inf weights ({len(bad)} tensors, e.g. {bad[0]}): the run that wrote it "
+            "diverged; train again (e.g. a lower train.optim.lr)"
+        )
     model = ZayaLM(cfg)
     model.load_state_dict(state)
     return model.to(map_location).eval(), cfg

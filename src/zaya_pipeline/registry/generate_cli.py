@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 
 from zaya_pipeline.config import RegistryConfig
-from zaya_pipeline.errors import ConfigError
 from zaya_pipeline.registry.pyfunc import DEFAULT_PARAMS
-from zaya_pipeline.tracking import TrackingError, tracking_uri, using_tracking_uri
+from zaya_pipeline.tracking import tracking_uri
 
 HELP = "generate text with a registered model (e.g. --model models:/zaya-moe@champion)"
 
@@ -27,18 +26,18 @@ def parser() -> argparse.ArgumentParser:
 
 
 def generate(argv: list[str]) -> list[str]:
-    """Parse ``argv``, load the model from the registry and return one continuation per prompt."""
-    import mlflow.pyfunc
-    from mlflow.exceptions import MlflowException
+    """Parse ``argv``, read the version's files from the registry (registry/registered.py: nothing of the
+    store is executed) and return one continuation per prompt."""
+    from types import SimpleNamespace
+
+    from zaya_pipeline.registry.pyfunc import ZayaGenerator
+    from zaya_pipeline.registry.registered import parse_model_uri, registered_files
 
     args = parser().parse_args(argv)
-    if not args.model.startswith(("models:/", "runs:/")) and "://" not in args.model:
-        raise ConfigError(f"--model {args.model!r} is not a model URI (models:/<name>@champion)")
+    parse_model_uri(args.model)
     uri = tracking_uri(RegistryConfig(tracking_uri=args.tracking_uri))
+    files = registered_files(args.model, uri)
+    model = ZayaGenerator()  # the installed class, not the code logged with the version
+    model.load_context(SimpleNamespace(artifacts={key: str(path) for key, path in files.items()}))
     params = {key: getattr(args, key) for key in DEFAULT_PARAMS}
-    try:
-        with using_tracking_uri(uri):
-            model = mlflow.pyfunc.load_model(args.model)
-    except MlflowException as exc:
-        raise TrackingError(f"cannot load {args.model} from {uri}: {exc.message}") from None
-    return model.predict(list(args.prompts), params=params)
+    return model.predict(None, list(args.prompts), params=params)

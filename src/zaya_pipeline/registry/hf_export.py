@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 from dataclasses import asdict
 from importlib.metadata import version as dist_version
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from zaya_pipeline.config import PathsConfig, RegistryConfig
 from zaya_pipeline.errors import ConfigError, DataError
+from zaya_pipeline.registry.registered import parse_model_uri, registered_files
 from zaya_pipeline.utils import atomic_dir, get_logger, read_json
 
 log = get_logger("export")
@@ -80,10 +82,17 @@ def parser() -> argparse.ArgumentParser:
         "--tokenizer", default="", help=f"tokenizer folder for a model.pt (default: {default_tokenizer})"
     )
     p.add_argument(
-        "--out", required=True, help="the folder to write (replaced if it holds an earlier export)"
+        "--out", required=True, help="the folder to write (replaced if it holds only an earlier export)"
     )
     p.add_argument("--tracking-uri", default="", help="store (default: $MLFLOW_TRACKING_URI or ./mlflow.db)")
     return p
+
+
+# What an export writes; a folder holding anything else (a .git of a Hub repository, notes) is not replaced.
+EXPORT_FILES = re.compile(
+    r"config\.json|generation_config\.json|tokenizer(_config)?\.json|special_tokens_map\.json|README\.md"
+    r"|(configuration|modeling)_zaya\.py|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json"
+)
 
 
 def _is_export(folder: Path) -> bool:
@@ -95,33 +104,18 @@ def _is_export(folder: Path) -> bool:
 
 
 def check_out(out: Path) -> None:
-    """``out`` may be missing, empty or an earlier export; anything else is refused (it would be replaced)."""
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not _is_export(out))):
+    """``out`` may be missing, empty or an earlier export holding only what an export writes; anything else
+    is refused with one line (replacing it would lose files zaya export did not write)."""
+    if not out.exists():
+        return
+    if not out.is_dir() or (any(out.iterdir()) and not _is_export(out)):
         raise ConfigError(f"--out {out}: exists and is not an earlier zaya export; choose another folder")
-
-
-def _registered_files(model_uri: str, tracking_uri: str) -> dict[str, Path]:
-    """The registered version's model.pt, tokenizer files and model card, downloaded from the store."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    from zaya_pipeline.tracking import TrackingError, using_tracking_uri
-
-    try:
-        with using_tracking_uri(tracking_uri):
-            root = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri))
-    except MlflowException as exc:
-        raise TrackingError(f"cannot load {model_uri} from {tracking_uri}: {exc.message}") from None
-    files = {
-        "model": root / "artifacts" / "model.pt",
-        "tokenizer": root / "artifacts" / "tokenizer.json",
-        "tokenizer_meta": root / "artifacts" / "meta.json",
-        "card": root / "artifacts" / "MODEL_CARD.md",
-    }
-    missing = [str(p) for key, p in files.items() if key != "card" and not p.is_file()]
-    if missing:
-        raise DataError(f"{model_uri} is not a zaya registered model: it lacks {', '.join(missing)}")
-    return files
+    foreign = sorted(p.name for p in out.iterdir() if not EXPORT_FILES.fullmatch(p.name) or not p.is_file())
+    if foreign:
+        raise ConfigError(
+            f"--out {out}: an earlier export, but it also holds {', '.join(foreign[:5])}, which zaya export "
+            "did not write and would delete: export to another folder and copy the files over"
+        )
 
 
 def _local_files(model_pt: str, tokenizer_dir: str) -> dict[str, Path]:
@@ -181,10 +175,12 @@ def write_export(files: dict[str, Path], out: Path, source: str) -> Path:
     """The Hugging Face folder for ``files`` (model, tokenizer, tokenizer_meta, optional card) at ``out``,
     built under a temporary name and swapped in whole."""
     from zaya_pipeline.model.hf_format import unsupported
-    from zaya_pipeline.model.saved_model import read_model_file
+    from zaya_pipeline.model.saved_model import non_finite, read_model_file
 
     check_out(out)
     cfg, state = read_model_file(files["model"])
+    if bad := non_finite(state):
+        raise DataError(f"{files['model']} holds NaN or Inf weights (e.g. {bad[0]}): nothing to export")
     why = unsupported(cfg)
     provenance = {"version": dist_version("zaya_pipeline"), "source": source}
     with atomic_dir(out) as tmp:
@@ -248,13 +244,10 @@ def export(argv: list[str]) -> Path:
     args = parser().parse_args(argv)
     out = Path(args.out)
     check_out(out)  # before any download
-    if args.model.startswith(("models:/", "runs:/")):
+    if "://" in args.model or args.model.startswith("models:/"):
+        parse_model_uri(args.model)  # a models:/ URI, or one line
         uri = tracking_uri(RegistryConfig(tracking_uri=args.tracking_uri))
-        files = _registered_files(args.model, uri)
-    elif "://" in args.model:
-        raise ConfigError(
-            f"--model {args.model!r}: expected models:/<name>@<alias>, models:/<name>/<v> or a file"
-        )
+        files = registered_files(args.model, uri)
     else:
         files = _local_files(args.model, args.tokenizer)
     return write_export(files, out, args.model)

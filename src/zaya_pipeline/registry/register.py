@@ -14,12 +14,17 @@ pending version, and removes the unfinished logged models of a kill before it. T
 its status and end time never change, whatever happens here. A store or artifact folder that cannot be
 written is a one-line error naming it, before anything is created.
 
+Refused before anything is created: metrics that score other weights than ``model.pt`` (evaluate's
+``model_sha256``), name none, or hold non-finite figures. Registrations of one store on one machine run one at
+a time (:func:`registration_lock`), so two at once of the same weights make one version.
+
 Writes ``<reports>/registry.json``: {model_name, version, model_uri ("models:/<name>/<version>"), run_id,
 tracking_uri, registry_uri, logged_model_uri, reused, champion, promoted, decision}.
 """
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import tempfile
 import time
@@ -102,7 +107,7 @@ def _write_config(cfg: ZayaConfig, path: Path) -> Path:
     return path
 
 
-def _log_model(client, uri: str, run, weights: str, artifacts: dict[str, str]) -> str:
+def _log_model(client, uri: str, run, weights: str, artifacts: dict[str, str], registry_cfg) -> str:
     """Log the pyfunc model as a logged model of the training ``run``; returns its id.
 
     Not inside ``mlflow.start_run(run_id=...)``: that sets the finished training run RUNNING while the model
@@ -117,7 +122,7 @@ def _log_model(client, uri: str, run, weights: str, artifacts: dict[str, str]) -
     from mlflow.exceptions import MlflowException
 
     import zaya_pipeline
-    from zaya_pipeline.registry.pyfunc import signature
+    from zaya_pipeline.registry.pyfunc import serving_config, signature
 
     run_id = run.info.run_id
     model = _call_store(
@@ -143,6 +148,7 @@ def _log_model(client, uri: str, run, weights: str, artifacts: dict[str, str]) -
                 # token proves the model loads and generates, at the least cost.
                 input_example=(pd.DataFrame({"prompt": ["The database"]}), {"max_new_tokens": 1}),
                 pip_requirements=pip_requirements(),
+                model_config=serving_config(registry_cfg),  # the caps of a served request
             )
         client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)])  # listed under the run
     except BaseException as exc:
@@ -296,6 +302,44 @@ def _undo(client, name: str, weights: str, model_id: str | None) -> None:
         client.delete_logged_model(model_id)
 
 
+def check_metrics(metrics: dict, weights: str, inputs: dict[str, Path]) -> None:
+    """The metrics must score exactly these weights (evaluate's ``model_sha256``) and be finite numbers: a
+    champion is a model whose figures were measured, on it."""
+    import math
+
+    model, path = inputs["model"], inputs["metrics"]
+    scored = metrics.get("model_sha256")
+    if scored != weights:
+        what = "names no model" if scored is None else f"scores other weights ({str(scored)[:12]}…)"
+        raise DataError(f"{path} {what}, not {model} ({weights[:12]}…): run `zaya evaluate` first")
+    bad = [
+        k for k in METRIC_TAGS if not isinstance(metrics.get(k), int | float) or not math.isfinite(metrics[k])
+    ]
+    if bad:
+        raise DataError(f"{path}: {', '.join(f'{k}={metrics.get(k)}' for k in bad)} is not a finite number")
+
+
+@contextlib.contextmanager
+def registration_lock(uri: str):
+    """One registration at a time per store on this machine (an exclusive ``flock`` on a file named after
+    the store, in the temp folder): two ``zaya register`` of the same weights make one version."""
+    import fcntl
+    import hashlib
+
+    key = hashlib.sha256(uri.encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / f"zaya-register-{key}.lock"
+    with open(path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another registration in %s to finish", uri)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def register(cfg: ZayaConfig) -> dict:
     start = time.perf_counter()
     out = Path(cfg.paths.reports) / REGISTRY_FILE  # replaced at the end: a failed run leaves the last one
@@ -311,44 +355,49 @@ def register(cfg: ZayaConfig) -> dict:
     value = metric_value(metrics, cfg.registry.promote_metric)  # a bad metric name fails before any logging
     model_cfg = _model_config(inputs["model"])
     name, weights = cfg.registry.model_name, file_sha256(inputs["model"])
-
-    existing = _call_store(uri, lambda: existing_version(client, name, weights))
-    if existing is not None and not is_pending(existing):
-        log.info("these weights are already %s v%s: no new version", name, existing.version)
-        result = _result(name, existing.version, run_id, uri, uri, existing.source) | {"reused": True}
-        write_json(out, result)
-        return {"model_uri": result["model_uri"], "run_id": run_id, "reused": True}
-    check_store_writable(uri)  # what follows writes: fail before anything is created
-    if existing is None:
-        experiment = _call_store(uri, lambda: client.get_experiment(run.info.experiment_id))
-        check_artifact_location(experiment.artifact_location)
-        _call_store(uri, lambda: _discard_unfinished(client, run, weights))
-    else:
-        log.warning("%s v%s of these weights was interrupted: completing it", name, existing.version)
-
-    model_id = None
-    try:  # no half-registered version: one without its aliases would look complete in the UI
+    check_metrics(metrics, weights, inputs)
+    with registration_lock(uri):  # a second register of the same store waits, then finds the version
+        existing = _call_store(uri, lambda: existing_version(client, name, weights))
+        if existing is not None and not is_pending(existing):
+            log.info("these weights are already %s v%s: no new version", name, existing.version)
+            result = _result(name, existing.version, run_id, uri, uri, existing.source) | {"reused": True}
+            write_json(out, result)
+            return {"model_uri": result["model_uri"], "run_id": run_id, "reused": True}
+        check_store_writable(uri)  # what follows writes: fail before anything is created
         if existing is None:
-            with tempfile.TemporaryDirectory(prefix="zaya-register-") as tmp:
-                package = _package(cfg, Path(tmp), inputs, metrics, model_cfg, run_id, weights, value)
-                artifacts, tags, card = package
-                model_id = _log_model(client, uri, run, weights, artifacts)
-            version = _call_store(uri, lambda: _create_version(client, name, run_id, model_id, tags, card))
+            experiment = _call_store(uri, lambda: client.get_experiment(run.info.experiment_id))
+            check_artifact_location(experiment.artifact_location)
+            _call_store(uri, lambda: _discard_unfinished(client, run, weights))
         else:
-            version, model_id = str(existing.version), existing.source.removeprefix("models:/")
-        aliases = _call_store(uri, lambda: complete_registration(client, cfg.registry, name, version, value))
-    except BaseException:
-        _discard(f"the registration of {name}", lambda: _undo(client, name, weights, model_id))
-        raise
-    result = _result(name, version, run_id, uri, _registry_uri(uri), f"models:/{model_id}")
-    result |= {"reused": False, **aliases}
-    write_json(out, result)
-    seconds = round(time.perf_counter() - start, 2)
-    log.info("registered %s (run %s) in %.1fs", result["model_uri"], run_id, seconds)
-    return {
-        "model_uri": result["model_uri"],
-        "run_id": run_id,
-        "champion": result["champion"],
-        "promoted": result["promoted"],
-        "seconds": seconds,
-    }
+            log.warning("%s v%s of these weights was interrupted: completing it", name, existing.version)
+
+        model_id = None
+        try:  # no half-registered version: one without its aliases would look complete in the UI
+            if existing is None:
+                with tempfile.TemporaryDirectory(prefix="zaya-register-") as tmp:
+                    package = _package(cfg, Path(tmp), inputs, metrics, model_cfg, run_id, weights, value)
+                    artifacts, tags, card = package
+                    model_id = _log_model(client, uri, run, weights, artifacts, cfg.registry)
+                version = _call_store(
+                    uri, lambda: _create_version(client, name, run_id, model_id, tags, card)
+                )
+            else:
+                version, model_id = str(existing.version), existing.source.removeprefix("models:/")
+            aliases = _call_store(
+                uri, lambda: complete_registration(client, cfg.registry, name, version, value)
+            )
+        except BaseException:
+            _discard(f"the registration of {name}", lambda: _undo(client, name, weights, model_id))
+            raise
+        result = _result(name, version, run_id, uri, _registry_uri(uri), f"models:/{model_id}")
+        result |= {"reused": False, **aliases}
+        write_json(out, result)
+        seconds = round(time.perf_counter() - start, 2)
+        log.info("registered %s (run %s) in %.1fs", result["model_uri"], run_id, seconds)
+        return {
+            "model_uri": result["model_uri"],
+            "run_id": run_id,
+            "champion": result["champion"],
+            "promoted": result["promoted"],
+            "seconds": seconds,
+        }

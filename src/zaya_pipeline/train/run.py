@@ -47,9 +47,9 @@ from zaya_pipeline.distributed.checkpoint import (
     list_checkpoints,
 )
 from zaya_pipeline.distributed.mesh import mesh_sizes
-from zaya_pipeline.errors import ConfigError, DataError, Preempted
+from zaya_pipeline.errors import ConfigError, DataError, Preempted, TrainingError
 from zaya_pipeline.model.pretrained import check_init, init_state
-from zaya_pipeline.model.saved_model import save_model
+from zaya_pipeline.model.saved_model import non_finite, save_model
 from zaya_pipeline.model.sizing import forward_flops_per_token, num_active_params, num_params
 from zaya_pipeline.model.transformer import ZayaLM
 from zaya_pipeline.tracking import check_server
@@ -468,6 +468,21 @@ def fit(plan: TrainPlan, run: TrainRun) -> None:
 # --- write outputs ------------------------------------------------------------------------------------------
 
 
+def check_diverged(plan: TrainPlan, run: TrainRun, state: dict) -> None:
+    """Never a model.pt that cannot generate: weights holding NaN/Inf, or a last validation loss that is not
+    finite, end the run with one line and keep the previous outputs (the loss guard acts on a streak of
+    logged steps; a short or wild run can end diverged between two)."""
+    bad = non_finite(state)
+    val = run.telemetry.loss.val_rows[-1][1] if run.telemetry.loss.val_rows else float("nan")
+    if bad or not math.isfinite(val):
+        what = f"NaN or Inf weights ({len(bad)} tensors, e.g. {bad[0]})" if bad else f"validation loss {val}"
+        raise TrainingError(
+            f"training diverged: {what} at step {run.trainer.global_step}; model.pt not written, the "
+            f"previous outputs are kept. Lower train.optim.lr (now {plan.cfg.train.optim.lr:g}) or raise "
+            "train.schedule.warmup_steps"
+        )
+
+
 def write_model(plan: TrainPlan, run: TrainRun, out: Path) -> None:
     """model.pt, run.json and schedule.png into ``out`` (rank 0); every rank takes part in the gathers."""
     from zaya_pipeline.train.plots import save, schedule_figure
@@ -475,6 +490,8 @@ def write_model(plan: TrainPlan, run: TrainRun, out: Path) -> None:
     full_state = run.module.full_state_dict()
     if not run.trainer.is_global_zero:
         return
+    state = full_state if full_state is not None else run.module.model.state_dict()
+    check_diverged(plan, run, state)
     save_model(out / "model.pt", run.module.model, plan.model, full_state)
     from zaya_pipeline.tracking import run_reference
 
