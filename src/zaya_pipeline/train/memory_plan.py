@@ -5,7 +5,7 @@ The planner builds nothing and runs nothing: it counts bytes from the config (``
 :mod:`zaya_pipeline.distributed.parallelize` (experts split over ``ep`` ranks, each expert FSDP-sharded over
 ``dp_shard / ep``; every other weight FSDP-sharded over ``dp_shard``; ``dp_replicate`` replicas). The
 activation formulas follow what the model's code saves for backward, layer by layer (tests check them
-against ``testing.memory.saved_activation_bytes``, and the whole plan against the measured peak of real CPU
+against ``profiling.saved_activation_bytes``, and the whole plan against the measured peak of real CPU
 training steps).
 
 Sizes are bytes per device; ``1 GB = 1e9 bytes``.
