@@ -63,3 +63,21 @@ def workspace(tmp_path_factory) -> dict:
     (root / "train" / "run.json").write_text(json.dumps(info))
     evaluate(cfg)
     return {"root": root, "cfg": cfg, "uri": uri, "run_id": run.info.run_id, "eos": eos}
+
+
+def workspace_generator(workspace: dict, model_config: dict | None = None):
+    """``ZayaGenerator`` loaded in-process from the workspace's model and tokenizer files (``model_config``:
+    what ``register`` records with a version, e.g. the serving caps)."""
+    from types import SimpleNamespace
+
+    from zaya_pipeline.registry.pyfunc import ZayaGenerator
+
+    root = workspace["root"]
+    artifacts = {
+        "model": str(root / "train" / "model.pt"),
+        "tokenizer": str(root / "tokenizer" / "tokenizer.json"),
+        "tokenizer_meta": str(root / "tokenizer" / "meta.json"),
+    }
+    gen = ZayaGenerator()
+    gen.load_context(SimpleNamespace(artifacts=artifacts, model_config=model_config))
+    return gen

@@ -8,21 +8,14 @@ import pandas as pd
 import pytest
 import torch
 
+from conftest import workspace_generator
 from zaya_pipeline.model.attention import KVCache
 from zaya_pipeline.registry.pyfunc import ZayaGenerator, prompts_of
 
 
 @pytest.fixture(scope="module")
 def generator(workspace) -> ZayaGenerator:
-    root = workspace["root"]
-    artifacts = {
-        "model": str(root / "train" / "model.pt"),
-        "tokenizer": str(root / "tokenizer" / "tokenizer.json"),
-        "tokenizer_meta": str(root / "tokenizer" / "meta.json"),
-    }
-    gen = ZayaGenerator()
-    gen.load_context(SimpleNamespace(artifacts=artifacts))
-    return gen
+    return workspace_generator(workspace)
 
 
 def test_prompts_come_from_every_input_form():

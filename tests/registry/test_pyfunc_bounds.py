@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import signal
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch
 from mlflow.exceptions import MlflowException
 
+from conftest import workspace_generator
 from zaya_pipeline.model import generate
 from zaya_pipeline.registry import pyfunc
 from zaya_pipeline.registry.pyfunc import ZayaGenerator, check_caps, request_guard
@@ -22,16 +22,7 @@ SERVED = {"_MLFLOW_IS_IN_SERVING_ENVIRONMENT": "true", "MLFLOW_SCORING_SERVER_RE
 
 @pytest.fixture(scope="module")
 def generator(workspace) -> ZayaGenerator:
-    root = workspace["root"]
-    artifacts = {
-        "model": str(root / "train" / "model.pt"),
-        "tokenizer": str(root / "tokenizer" / "tokenizer.json"),
-        "tokenizer_meta": str(root / "tokenizer" / "meta.json"),
-    }
-    gen = ZayaGenerator()
-    config = {"serve_max_new_tokens": 8, "serve_max_batch": 2}
-    gen.load_context(SimpleNamespace(artifacts=artifacts, model_config=config))
-    return gen
+    return workspace_generator(workspace, {"serve_max_new_tokens": 8, "serve_max_batch": 2})
 
 
 def test_caps_apply_behind_the_scoring_server_only(generator, monkeypatch):

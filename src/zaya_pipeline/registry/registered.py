@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zaya_pipeline.errors import ConfigError, DataError
+from zaya_pipeline.errors import ConfigError, DataError, first_line
 from zaya_pipeline.registry.lineage import WEIGHTS_TAG
 from zaya_pipeline.utils import file_sha256
 
@@ -52,7 +52,7 @@ def _version(client, uri: str):
             return client.get_model_version_by_alias(name, alias)
         return client.get_model_version(name, number)
     except MlflowException as exc:
-        raise DataError(f"cannot load {uri}: {exc.message.splitlines()[0]}") from None
+        raise DataError(f"cannot load {uri}: {first_line(exc)}") from None
 
 
 def check_flavor(mlmodel: Path, uri: str) -> None:
